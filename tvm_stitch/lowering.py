@@ -1,0 +1,205 @@
+"""Lower one GPU-scheduled PrimFunc to its device kernels and the host's launch sequence.
+
+TVM's TIR pipeline splits a scheduled PrimFunc into a host function, which computes launch
+extents and calls each kernel (``tirx.call_ffi_kernel``), and one device PrimFunc per kernel.
+We stop the host side just before ``MakePackedAPI`` so its calls are still readable, and keep
+the device side fully finalised so its code is exactly what TVM would generate. The SIMT
+runner, the traffic analysis and the CUDA compile checks all read this one structure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import tvm
+from tvm import tirx
+from tvm.ir import IRModule
+from tvm.sym import Analyzer
+from tvm.target import Target
+from tvm.tirx.build import split_host_device_mods
+
+
+class LoweringError(RuntimeError):
+    """A PrimFunc whose host side does something the launch interpreter cannot follow."""
+
+
+@dataclass(frozen=True)
+class BufferArg:
+    """A kernel argument that is the data pointer of buffer parameter number ``index``."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class KernelLaunch:
+    """One kernel call made by the host function, with symbolic arguments and extents."""
+
+    kernel: str
+    args: tuple[BufferArg | tvm.ir.PrimExpr, ...]
+    launch: tuple[tuple[str, tvm.ir.PrimExpr], ...]
+
+
+@dataclass
+class LoweredFunc:
+    """A PrimFunc split into device kernels and the host launch sequence that drives them."""
+
+    name: str
+    params: list[tvm.ir.Var]
+    binds: list[tuple[tvm.ir.Var, tvm.ir.PrimExpr]]
+    launches: list[KernelLaunch]
+    device: IRModule
+    target: Target
+    _source: str | None = field(default=None, repr=False)
+
+    def kernel(self, name: str) -> tirx.PrimFunc:
+        """The finalised device PrimFunc of kernel ``name``."""
+        return self.device[name]
+
+    def source(self) -> str:
+        """Device source code (OpenCL C or CUDA C) of every kernel, as TVM emits it."""
+        if self._source is None:
+            build = tvm.get_global_func("target.build." + self.target.kind.name)
+            self._source = build(self.device, self.target).inspect_source()
+        return self._source
+
+    def bind_shapes(self, shapes: list[tuple[int, ...]], scalars: dict[str, int] | None = None
+                    ) -> Analyzer:
+        """An analyzer with every shape variable bound from the concrete argument shapes.
+
+        ``shapes`` holds one entry per buffer parameter, in parameter order; scalar parameters
+        are bound from ``scalars`` by name.
+        """
+        ana = Analyzer()
+        scalars = scalars or {}
+        shapes_iter = iter(shapes)
+        for p in self.params:
+            if _is_buffer_param(p):
+                shape = next(shapes_iter)
+                if len(shape) != len(p.shape):
+                    raise ValueError(
+                        f"{self.name}: parameter {p.name} has rank {len(p.shape)}, "
+                        f"got shape {tuple(shape)}"
+                    )
+                for dim, size in zip(p.shape, shape, strict=True):
+                    if isinstance(dim, tirx.IntImm):
+                        if int(dim) != int(size):
+                            raise ValueError(
+                                f"{self.name}: parameter {p.name} expects {list(p.shape)}, "
+                                f"got {tuple(shape)}"
+                            )
+                    elif isinstance(dim, tvm.ir.Var):
+                        ana.bind(dim, tirx.IntImm(scalar_dtype(dim), int(size)))
+                    else:
+                        raise LoweringError(
+                            f"{self.name}: shape expression {dim} of {p.name} is not a variable"
+                        )
+            else:
+                if p.name not in scalars:
+                    raise ValueError(f"{self.name}: scalar parameter {p.name} needs a value")
+                ana.bind(p, tirx.IntImm(scalar_dtype(p), int(scalars[p.name])))
+        for var, value in self.binds:
+            ana.bind(var, ana.simplify(value))
+        return ana
+
+
+def _is_buffer_param(p: tvm.ir.Var) -> bool:
+    return isinstance(p.ty, tirx.BufferType)
+
+
+def scalar_dtype(var: tvm.ir.Var) -> str:
+    """The dtype of a scalar TIR variable (a kernel's integer parameter, a shape variable)."""
+    return str(var.ty.dtype)
+
+
+def evaluate_int(ana: Analyzer, expr: tvm.ir.PrimExpr, what: str) -> int:
+    """Evaluate ``expr`` to an integer under the bindings of ``ana``, or raise LoweringError."""
+    value = ana.simplify(expr)
+    if not isinstance(value, tirx.IntImm):
+        raise LoweringError(f"{what}: {expr} does not reduce to a constant (got {value})")
+    return int(value)
+
+
+class _Capture:
+    """Pass instrument that keeps the module as it stands before MakePackedAPI."""
+
+    def __init__(self) -> None:
+        self.module: IRModule | None = None
+
+    def run_before_pass(self, mod: IRModule, info: tvm.transform.PassInfo) -> None:
+        if info.name == "tirx.MakePackedAPI":
+            self.module = mod
+
+
+def lower(func: tirx.PrimFunc, name: str, target: Target) -> LoweredFunc:
+    """Run TVM's TIR pipeline on ``func`` for ``target`` and split it into host and kernels."""
+    capture = tvm.instrument.pass_instrument(_Capture)()
+    mod = IRModule({name: func.with_attr("global_symbol", name)})
+    mod = tirx.transform.BindTarget(target.with_host("llvm"))(mod)
+    pipeline, _, finalize_device = tvm.tirx.get_default_tir_pipeline(target)
+    with target, tvm.transform.PassContext(instruments=[capture]):
+        lowered = pipeline(mod)
+    if capture.module is None:
+        raise LoweringError(f"{name}: TVM's TIR pipeline did not reach MakePackedAPI")
+    _, devices = split_host_device_mods(lowered)
+    if len(devices) > 1:
+        raise LoweringError(f"{name}: kernels for several device targets")
+    device = finalize_device()(next(iter(devices.values()))) if devices else IRModule({})
+    host = capture.module[name]
+    binds, launches = _read_host(host, name, device)
+    return LoweredFunc(name, list(host.params), binds, launches, device, target)
+
+
+def _read_host(host: tirx.PrimFunc, name: str, device: IRModule
+               ) -> tuple[list[tuple[tvm.ir.Var, tvm.ir.PrimExpr]], list[KernelLaunch]]:
+    """Read the host body: let-style bindings and kernel calls, in program order."""
+    binds: list[tuple[tvm.ir.Var, tvm.ir.PrimExpr]] = []
+    launches: list[KernelLaunch] = []
+    buffer_params = [p for p in host.params if _is_buffer_param(p)]
+    aliases: list[tuple[tvm.ir.Var, tvm.ir.PrimExpr]] = []  # declared buffer -> its data
+
+    def argument(expr: tvm.ir.PrimExpr) -> BufferArg | tvm.ir.PrimExpr:
+        while isinstance(expr, tvm.ir.Call) and expr.op.name == "tirx.buffer_data":
+            buf = expr.args[0]
+            for i, p in enumerate(buffer_params):
+                if p.same_as(buf):
+                    return BufferArg(i)
+            source = next((data for var, data in aliases if var.same_as(buf)), None)
+            if source is None:
+                raise LoweringError(f"{name}: kernel argument {expr} is not a parameter's data")
+            expr = source
+        return expr
+
+    def visit(stmt: tirx.Stmt) -> None:
+        if isinstance(stmt, tirx.SeqStmt):
+            for s in stmt.seq:
+                visit(s)
+        elif isinstance(stmt, tirx.Bind):
+            binds.append((stmt.var, stmt.value))
+        elif isinstance(stmt, tirx.DeclBuffer):
+            aliases.append((stmt.buffer, stmt.data))
+        elif isinstance(stmt, tirx.AssertStmt):
+            pass  # argument checks; the launcher checks shapes and dtypes itself
+        elif isinstance(stmt, tirx.AttrStmt):
+            visit(stmt.body)
+        elif isinstance(stmt, tirx.Evaluate):
+            call = stmt.value
+            if isinstance(call, tirx.IntImm):
+                return
+            if not (isinstance(call, tvm.ir.Call) and call.op.name == "tirx.call_ffi_kernel"):
+                raise LoweringError(f"{name}: host code calls {call}, not a kernel")
+            kernel = str(call.args[0].value)
+            params = device[kernel].params
+            tags = [str(t) for t in call.attrs.launch_params]
+            values = list(call.args[1:])
+            if "tirx.use_dyn_shared_memory" in tags:
+                raise LoweringError(f"{name}: dynamic shared memory is not supported")
+            args, extents = values[: len(params)], values[len(params):]
+            launches.append(KernelLaunch(kernel, tuple(argument(a) for a in args),
+                                         tuple(zip(tags, extents, strict=True))))
+        else:
+            raise LoweringError(
+                f"{name}: host code has a {type(stmt).__name__}, which the launcher cannot run"
+            )
+
+    visit(host.body)
+    return binds, launches

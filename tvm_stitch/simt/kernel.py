@@ -1,0 +1,95 @@
+"""Run one GPU-scheduled PrimFunc on the CPU through OpenCL on PoCL.
+
+The PrimFunc is lowered by TVM for an OpenCL target (``tvm_stitch.lowering``), its OpenCL C
+is built by PoCL, and each kernel is launched with the work-group and grid sizes of its own
+thread extents. PoCL runs work-groups with real local memory and barriers, so a missing
+barrier or a wrong index gives wrong numbers here just as it would on a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pyopencl as cl
+from tvm import tirx
+
+from ..lowering import BufferArg, LoweredFunc, LoweringError, evaluate_int, lower, scalar_dtype
+from ..target import opencl_target
+
+_AXES = {"x": 0, "y": 1, "z": 2}
+
+
+@functools.cache
+def _context() -> tuple[cl.Context, cl.CommandQueue]:
+    platforms = cl.get_platforms()
+    devices = [d for p in platforms for d in p.get_devices()]
+    if not devices:
+        raise RuntimeError("no OpenCL device: install pyopencl[pocl] for the CPU SIMT runner")
+    ctx = cl.Context(devices[:1])
+    return ctx, cl.CommandQueue(ctx)
+
+
+@functools.cache
+def _program(source: str) -> cl.Program:
+    ctx, _ = _context()
+    return cl.Program(ctx, source).build()
+
+
+class SimtFunction:
+    """A PrimFunc ready to run on the SIMT runner; call it with one numpy array per buffer
+    parameter (inputs and outputs, destination-passing style). Outputs are written in place.
+    """
+
+    def __init__(self, lowered: LoweredFunc, source: str | None = None) -> None:
+        self.lowered = lowered
+        self.source = lowered.source() if source is None else source
+        self._program = _program(self.source)
+
+    @classmethod
+    def from_primfunc(cls, func: tirx.PrimFunc, name: str = "main") -> SimtFunction:
+        """Lower ``func`` for OpenCL and build it with PoCL."""
+        return cls(lower(func, name, opencl_target()))
+
+    def __call__(self, *arrays: np.ndarray, **scalars: int) -> None:
+        low = self.lowered
+        buffers = [p for p in low.params if isinstance(p.ty, tirx.BufferType)]
+        if len(arrays) != len(buffers):
+            raise ValueError(f"{low.name}: expects {len(buffers)} arrays, got {len(arrays)}")
+        for p, a in zip(buffers, arrays, strict=True):
+            if str(a.dtype) != str(p.dtype):
+                raise ValueError(f"{low.name}: {p.name} is {p.dtype}, got an array of {a.dtype}")
+        ana = low.bind_shapes([a.shape for a in arrays], scalars)
+        ctx, queue = _context()
+        mf = cl.mem_flags
+        cl_buffers = [
+            cl.Buffer(ctx, mf.READ_WRITE | mf.COPY_HOST_PTR,
+                      hostbuf=np.ascontiguousarray(a) if a.size else np.zeros(1, a.dtype))
+            for a in arrays
+        ]
+        for launch in low.launches:
+            kernel = low.kernel(launch.kernel)
+            cl_kernel = getattr(self._program, launch.kernel)
+            for i, (param, arg) in enumerate(zip(kernel.params, launch.args, strict=True)):
+                if isinstance(arg, BufferArg):
+                    cl_kernel.set_arg(i, cl_buffers[arg.index])
+                elif scalar_dtype(param).startswith(("int", "uint")):
+                    value = evaluate_int(ana, arg, f"{launch.kernel} argument {param.name}")
+                    cl_kernel.set_arg(i, np.dtype(scalar_dtype(param)).type(value))
+                else:
+                    raise LoweringError(f"{launch.kernel}: cannot pass argument {arg}")
+            grid, group = [1, 1, 1], [1, 1, 1]
+            for tag, extent in launch.launch:
+                scope, _, axis = tag.partition(".")
+                value = evaluate_int(ana, extent, f"{launch.kernel} extent of {tag}")
+                (grid if scope == "blockIdx" else group)[_AXES[axis]] = value
+            if 0 in grid or 0 in group:
+                continue
+            global_size = tuple(g * t for g, t in zip(grid, group, strict=True))
+            cl.enqueue_nd_range_kernel(queue, cl_kernel, global_size, tuple(group))
+        for a, buf in zip(arrays, cl_buffers, strict=True):
+            if a.size:
+                out = np.empty_like(a, order="C")
+                cl.enqueue_copy(queue, out, buf)
+                a[...] = out
+        queue.finish()
