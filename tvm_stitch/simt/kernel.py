@@ -44,7 +44,8 @@ class SimtFunction:
     def __init__(self, lowered: LoweredFunc, source: str | None = None) -> None:
         self.lowered = lowered
         self.source = lowered.source() if source is None else source
-        self._program = _program(self.source)
+        program = _program(self.source)
+        self._kernels = {k.kernel: cl.Kernel(program, k.kernel) for k in lowered.launches}
 
     @classmethod
     def from_primfunc(cls, func: tirx.PrimFunc, name: str = "main") -> SimtFunction:
@@ -69,7 +70,7 @@ class SimtFunction:
         ]
         for launch in low.launches:
             kernel = low.kernel(launch.kernel)
-            cl_kernel = getattr(self._program, launch.kernel)
+            cl_kernel = self._kernels[launch.kernel]
             for i, (param, arg) in enumerate(zip(kernel.params, launch.args, strict=True)):
                 if isinstance(arg, BufferArg):
                     cl_kernel.set_arg(i, cl_buffers[arg.index])

@@ -1,0 +1,168 @@
+"""The CPU SIMT runner executes real GPU semantics: known kernels match numpy, and broken
+kernels (a wrong index, a removed barrier) are caught rather than papered over."""
+
+import re
+
+import numpy as np
+import pytest
+from tvm.script import ir as I
+from tvm.script import relax as R
+from tvm.script import tirx as T
+
+from tvm_stitch import pipeline
+from tvm_stitch.lowering import LoweringError
+from tvm_stitch.simt import SimtFunction, SimtModule
+
+
+@T.prim_func(s_tir=True)
+def scale_then_reverse(a: T.handle, b: T.handle, c: T.handle):
+    """Two kernels: the second reads what the first wrote, at mirrored positions."""
+    n = T.int64()
+    A = T.match_buffer(a, (n,), "float32")
+    B = T.match_buffer(b, (n,), "float32")
+    C = T.match_buffer(c, (n,), "float32")
+    for bx in T.thread_binding((n + 63) // 64, thread="blockIdx.x"):
+        for tx in T.thread_binding(64, thread="threadIdx.x"):
+            with T.sblock("scale"):
+                T.where(bx * 64 + tx < n)
+                vi = T.axis.spatial(n, bx * 64 + tx)
+                B[vi] = A[vi] * T.float32(2)
+    for bx in T.thread_binding((n + 63) // 64, thread="blockIdx.x"):
+        for tx in T.thread_binding(64, thread="threadIdx.x"):
+            with T.sblock("reverse"):
+                T.where(bx * 64 + tx < n)
+                vi = T.axis.spatial(n, bx * 64 + tx)
+                C[vi] = B[n - 1 - vi] + T.float32(1)
+
+
+@T.prim_func(s_tir=True)
+def shifted_copy(a: T.handle, b: T.handle, shift: T.int32):
+    """A 2-D grid with a scalar parameter: B[i, j] = A[i, (j + shift) % 32]."""
+    A = T.match_buffer(a, (16, 32), "float32")
+    B = T.match_buffer(b, (16, 32), "float32")
+    for by in T.thread_binding(16, thread="blockIdx.y"):
+        for tx in T.thread_binding(32, thread="threadIdx.x"):
+            with T.sblock("copy"):
+                vi, vj = T.axis.remap("SS", [by, tx])
+                B[vi, vj] = A[vi, T.truncmod(vj + shift, 32)]
+
+
+@T.prim_func(s_tir=True)
+def wrong_index(a: T.handle, b: T.handle):
+    """Meant to copy A to B, but thread t reads A[t + 1] (clamped): an indexing bug."""
+    A = T.match_buffer(a, (256,), "float32")
+    B = T.match_buffer(b, (256,), "float32")
+    for tx in T.thread_binding(256, thread="threadIdx.x"):
+        with T.sblock("copy"):
+            vi = T.axis.spatial(256, tx)
+            B[vi] = A[T.min(vi + 1, 255)]
+
+
+@I.ir_module
+class SoftmaxReshape:
+    @R.function
+    def main(x: R.Tensor((8, 300), "float32")):
+        with R.dataflow():
+            y = R.nn.softmax(x, axis=-1)
+            z = R.reshape(y, (4, 600))
+            w = R.multiply(z, R.const(3.0, "float32"))
+            R.output(w)
+        return w
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize("n", [100, 7, 64])
+def test_kernels_run_in_order_with_symbolic_shapes(n: int) -> None:
+    f = SimtFunction.from_primfunc(scale_then_reverse, "scale_then_reverse")
+    assert len(f.lowered.launches) == 2
+    rng = np.random.default_rng(n)
+    a = rng.standard_normal(n, dtype=np.float32)
+    b = np.zeros(n, np.float32)
+    c = np.zeros(n, np.float32)
+    f(a, b, c)
+    np.testing.assert_allclose(b, 2 * a, rtol=0, atol=0)
+    np.testing.assert_allclose(c, 2 * a[::-1] + 1, rtol=1e-6)
+
+
+def test_scalar_parameter_and_2d_grid() -> None:
+    f = SimtFunction.from_primfunc(shifted_copy, "shifted_copy")
+    a = np.arange(16 * 32, dtype=np.float32).reshape(16, 32)
+    b = np.zeros_like(a)
+    f(a, b, shift=5)
+    np.testing.assert_array_equal(b, np.roll(a, -5, axis=1))
+    with pytest.raises(ValueError, match="shift"):
+        f(a, b)
+
+
+def test_shape_and_dtype_mismatch_are_refused() -> None:
+    f = SimtFunction.from_primfunc(shifted_copy, "shifted_copy")
+    with pytest.raises(ValueError, match="expects"):
+        f(np.zeros((16, 31), np.float32), np.zeros((16, 32), np.float32), shift=0)
+    with pytest.raises(ValueError, match="float32"):
+        f(np.zeros((16, 32), np.float64), np.zeros((16, 32), np.float32), shift=0)
+
+
+def test_wrong_index_is_visible() -> None:
+    f = SimtFunction.from_primfunc(wrong_index, "wrong_index")
+    a = np.arange(256, dtype=np.float32)
+    b = np.zeros_like(a)
+    f(a, b)
+    assert not np.array_equal(b, a)
+    np.testing.assert_array_equal(b[:-1], a[1:])
+
+
+def _scheduled_softmax() -> tuple:
+    scheduled = pipeline.lower(SoftmaxReshape, "cuda", "baseline")
+    (name,) = [gv.name_hint for gv, f in scheduled.functions.items()
+               if gv.name_hint != "main" and "softmax" in gv.name_hint]
+    return scheduled, name
+
+
+def test_dlight_softmax_matches_numpy() -> None:
+    scheduled, name = _scheduled_softmax()
+    f = SimtFunction.from_primfunc(scheduled[name], name)
+    x = np.random.default_rng(0).standard_normal((8, 300), dtype=np.float32)
+    outs = [np.zeros((8, 300), np.float32) for _ in range(len(f.lowered.params) - 1)]
+    f(x, *outs)
+    np.testing.assert_allclose(outs[-1], _softmax(x), rtol=1e-5, atol=1e-6)
+
+
+def test_removing_barriers_breaks_the_reduction() -> None:
+    """PoCL runs a work-group's items in lock-step regions between barriers; without the
+    barriers of the cross-thread reduction, threads read partial sums that are not there yet."""
+    scheduled, name = _scheduled_softmax()
+    good = SimtFunction.from_primfunc(scheduled[name], name)
+    assert "barrier(" in good.source
+    no_barrier = re.sub(r"barrier\([^;]*\);", "", good.source)
+    bad = SimtFunction(good.lowered, source=no_barrier)
+    x = np.random.default_rng(1).standard_normal((8, 300), dtype=np.float32)
+    out_good = [np.zeros((8, 300), np.float32) for _ in range(len(good.lowered.params) - 1)]
+    out_bad = [np.zeros((8, 300), np.float32) for _ in range(len(good.lowered.params) - 1)]
+    good(x, *out_good)
+    bad(x, *out_bad)
+    np.testing.assert_allclose(out_good[-1], _softmax(x), rtol=1e-5, atol=1e-6)
+    assert np.abs(out_bad[-1] - _softmax(x)).max() > 1e-2
+
+
+def test_whole_module_with_reshape_view() -> None:
+    scheduled, _ = _scheduled_softmax()
+    x = np.random.default_rng(2).standard_normal((8, 300), dtype=np.float32)
+    (out,) = SimtModule(scheduled)(x)
+    np.testing.assert_allclose(out, 3 * _softmax(x).reshape(4, 600), rtol=1e-5, atol=1e-6)
+
+
+def test_host_code_it_cannot_follow_is_refused() -> None:
+    @T.prim_func(s_tir=True)
+    def host_loop(a: T.Buffer((4, 32), "float32")):
+        for i in range(4):
+            for tx in T.thread_binding(32, thread="threadIdx.x"):
+                with T.sblock("b"):
+                    vi, vj = T.axis.remap("SS", [i, tx])
+                    a[vi, vj] = a[vi, vj] + T.float32(1)
+
+    with pytest.raises(LoweringError, match="host code"):
+        SimtFunction.from_primfunc(host_loop, "host_loop")
