@@ -166,3 +166,25 @@ def test_host_code_it_cannot_follow_is_refused() -> None:
 
     with pytest.raises(LoweringError, match="host code"):
         SimtFunction.from_primfunc(host_loop, "host_loop")
+
+
+@T.prim_func(s_tir=True)
+def int32_indexed(a: T.handle, b: T.handle):
+    """int32 shape variable and indices (TVM's default is int64)."""
+    n = T.int32()
+    A = T.match_buffer(a, (n,), "float32")
+    B = T.match_buffer(b, (n,), "float32")
+    for bx in T.thread_binding((n + 31) // 32, thread="blockIdx.x"):
+        for tx in T.thread_binding(32, thread="threadIdx.x"):
+            with T.sblock("b"):
+                T.where(bx * 32 + tx < n)
+                vi = T.axis.spatial(n, bx * 32 + tx)
+                B[vi] = A[vi] + T.float32(1)
+
+
+def test_int32_index_type() -> None:
+    f = SimtFunction.from_primfunc(int32_indexed, "int32_indexed")
+    a = np.arange(45, dtype=np.float32)
+    b = np.zeros_like(a)
+    f(a, b)
+    np.testing.assert_array_equal(b, a + 1)

@@ -1,0 +1,1 @@
+"""Model import front ends."""

@@ -1,0 +1,76 @@
+"""ONNX import with errors that name the node, on top of TVM's Relax ONNX frontend."""
+
+from __future__ import annotations
+
+import os
+
+import onnx
+from tvm.ir import IRModule
+from tvm.relax.frontend.onnx import from_onnx
+from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
+
+# Element types the stitch and baseline flows compile and the SIMT runner can execute.
+SUPPORTED_ELEM_TYPES = {
+    onnx.TensorProto.FLOAT: "float32",
+    onnx.TensorProto.FLOAT16: "float16",
+    onnx.TensorProto.DOUBLE: "float64",
+    onnx.TensorProto.INT64: "int64",
+    onnx.TensorProto.INT32: "int32",
+    onnx.TensorProto.BOOL: "bool",
+}
+
+
+class ModelError(ValueError):
+    """A model that cannot be compiled; the message names the node or value at fault."""
+
+
+def load(model: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
+    """Load and check an ONNX model; malformed models raise ModelError naming the problem."""
+    if not isinstance(model, onnx.ModelProto):
+        try:
+            model = onnx.load(os.fspath(model))
+        except Exception as err:  # missing file, truncated or non-protobuf data
+            raise ModelError(f"cannot read ONNX model {model}: {err}") from err
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as err:
+        raise ModelError(f"malformed ONNX model: {err}") from err
+    _check_supported(model)
+    return model
+
+
+def _check_supported(model: onnx.ModelProto) -> None:
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    converters = _get_convert_map()
+    for i, node in enumerate(model.graph.node):
+        label = f"node {node.name or '#' + str(i)} ({node.op_type})"
+        if node.domain not in ("", "ai.onnx"):
+            raise ModelError(f"{label}: custom domain {node.domain!r} is not supported")
+        if node.op_type not in converters:
+            raise ModelError(
+                f"{label}: operator {node.op_type} has no TVM importer (opset {opset})"
+            )
+    initializers = {t.name for t in model.graph.initializer}
+    for value in list(model.graph.input) + list(model.graph.output):
+        if value.name in initializers:
+            continue
+        elem = value.type.tensor_type.elem_type
+        if elem not in SUPPORTED_ELEM_TYPES:
+            name = onnx.TensorProto.DataType.Name(elem) if elem else "unknown"
+            raise ModelError(f"value {value.name!r}: element type {name} is not supported")
+
+
+def import_model(model: str | os.PathLike | onnx.ModelProto,
+                 shape_dict: dict[str, list[int]] | None = None) -> IRModule:
+    """Check an ONNX model and import it into Relax (weights become constants of ``main``)."""
+    model = load(model)
+    try:
+        return from_onnx(model, shape_dict=shape_dict, keep_params_in_input=False)
+    except Exception as err:  # TVM raises many types; keep its message, add ours
+        raise ModelError(f"TVM's ONNX importer failed: {err}") from err
+
+
+def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """The graph inputs that are fed at run time (initializers excluded), in order."""
+    initializers = {t.name for t in model.graph.initializer}
+    return [v for v in model.graph.input if v.name not in initializers]
