@@ -1,0 +1,303 @@
+"""Real-architecture blocks (one layer each) exported to ONNX from torch, cached on disk.
+
+``transformers`` models are built from config objects with seeded random weights (nothing is
+downloaded). Files live outside git in ``$TVM_STITCH_MODEL_CACHE`` (default
+``~/.cache/tvm-stitch/models``) as ``<name>-<size>.onnx``; a missing or stale file is exported on
+first use when the ``models`` extra (torch, transformers, onnxscript) is installed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
+from functools import partial
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from .inputs import Dist, get_metadata, integers, normal, prefix, set_input_dists, set_metadata
+from .registry import SIZE_KEY, WORKLOAD_KEY, Workload, register
+
+SEED = 0
+# Bump when export settings change in a way the spec does not show, to re-export cached files.
+SCHEMA = 1
+CACHE_ENV = "TVM_STITCH_MODEL_CACHE"
+EXPORT_KEY = "tvm_stitch.export"
+INSTALL_HINT = (
+    "install the 'models' extra: pip install 'tvm-stitch[models]' "
+    "(that is: pip install torch==2.13.0 transformers onnxscript)"
+)
+
+
+class ModelsExtraMissing(ImportError):
+    """Raised when a model must be exported but torch, transformers or onnxscript is missing."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One graph input of an exported model."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    dist: Dist = field(default_factory=normal)
+
+
+@dataclass(frozen=True)
+class ExportSpec:
+    """Everything that determines an exported file: architecture, config, inputs, exporter."""
+
+    arch: str
+    config: dict[str, Any]
+    inputs: tuple[TensorSpec, ...]
+    output: str
+    summary: str
+    dynamo: bool = True
+    opset: int = 18
+
+    def fingerprint(self) -> str:
+        """A hash of the spec, the seed and SCHEMA, stored in the file to detect stale caches."""
+        data = json.dumps([SCHEMA, SEED, asdict(self)], sort_keys=True, default=str)
+        return hashlib.sha256(data.encode()).hexdigest()[:16]
+
+
+def _token_inputs(batch: int, seq: int, vocab: int, mask: bool = False) -> tuple[TensorSpec, ...]:
+    ids = TensorSpec("input_ids", (batch, seq), "int64", integers(0, vocab))
+    if not mask:
+        return (ids,)
+    return ids, TensorSpec("attention_mask", (batch, seq), "int64", prefix(0, 1))
+
+
+def _transformer(arch: str, config: dict[str, Any], batch: int, seq: int, *, hidden: int,
+                 heads: int, ffn: int, vocab: int, mask: bool = False, dynamo: bool = True,
+                 opset: int = 18) -> ExportSpec:
+    """The spec of a one-layer transformers model fed token ids of batch x seq."""
+    summary = f"batch {batch} x seq {seq}, hidden {hidden}, {heads} heads, ffn {ffn}, vocab {vocab}"
+    return ExportSpec(arch, config, _token_inputs(batch, seq, vocab, mask), "last_hidden_state",
+                      summary, dynamo, opset)
+
+
+def _bert(batch: int, seq: int, hidden: int, heads: int, ffn: int, vocab: int,
+          positions: int) -> ExportSpec:
+    config = dict(vocab_size=vocab, hidden_size=hidden, num_attention_heads=heads,
+                  intermediate_size=ffn, max_position_embeddings=positions,
+                  num_hidden_layers=1, attn_implementation="eager")
+    return _transformer("bert", config, batch, seq, hidden=hidden, heads=heads, ffn=ffn,
+                        vocab=vocab, mask=True)
+
+
+def _gpt2(batch: int, seq: int, hidden: int, heads: int, vocab: int,
+          positions: int) -> ExportSpec:
+    config = dict(vocab_size=vocab, n_embd=hidden, n_head=heads, n_positions=positions,
+                  n_layer=1, bos_token_id=vocab - 1, eos_token_id=vocab - 1,
+                  attn_implementation="eager")
+    return _transformer("gpt2", config, batch, seq, hidden=hidden, heads=heads, ffn=4 * hidden,
+                        vocab=vocab)
+
+
+def _llama(batch: int, seq: int, hidden: int, heads: int, kv_heads: int, ffn: int, vocab: int,
+           positions: int) -> ExportSpec:
+    config = dict(vocab_size=vocab, hidden_size=hidden, num_attention_heads=heads,
+                  num_key_value_heads=kv_heads, intermediate_size=ffn,
+                  max_position_embeddings=positions, num_hidden_layers=1,
+                  attn_implementation="eager")
+    spec = _transformer("llama", config, batch, seq, hidden=hidden, heads=heads, ffn=ffn,
+                        vocab=vocab)
+    return replace(spec, summary=f"{spec.summary}, {kv_heads} kv head{'s' * (kv_heads > 1)}")
+
+
+def _t5(batch: int, seq: int, hidden: int, heads: int, head_dim: int, ffn: int,
+        vocab: int) -> ExportSpec:
+    config = dict(vocab_size=vocab, d_model=hidden, d_kv=head_dim, num_heads=heads, d_ff=ffn,
+                  num_layers=1, attn_implementation="eager")
+    # The dynamo exporter fails on T5's relative position buckets; the legacy one works at 17.
+    return _transformer("t5", config, batch, seq, hidden=hidden, heads=heads, ffn=ffn,
+                        vocab=vocab, dynamo=False, opset=17)
+
+
+def _dien(batch: int, seq: int, dim: int, attention_hidden: tuple[int, ...],
+          mlp_hidden: tuple[int, ...]) -> ExportSpec:
+    inputs = (
+        TensorSpec("user", (batch, dim), "float32"),
+        TensorSpec("target", (batch, dim), "float32"),
+        TensorSpec("behaviors", (batch, seq, dim), "float32"),
+        TensorSpec("behavior_mask", (batch, seq), "float32", prefix(0.0, 1.0)),
+    )
+    config = dict(dim=dim, attention_hidden=attention_hidden, mlp_hidden=mlp_hidden)
+    summary = (f"batch {batch} x seq {seq}, embedding {dim}, attention MLP "
+               f"{'-'.join(map(str, attention_hidden))}, MLP {'-'.join(map(str, mlp_hidden))}")
+    return ExportSpec("dien", config, inputs, "ctr", summary)
+
+
+SPECS: dict[str, tuple[str, dict[str, ExportSpec]]] = {
+    "bert_layer": (
+        "BERT encoder layer with embeddings and padding mask (transformers BertModel)",
+        {
+            "ci": _bert(2, 32, hidden=64, heads=2, ffn=256, vocab=100, positions=64),
+            "real": _bert(8, 128, hidden=768, heads=12, ffn=3072, vocab=30522, positions=512),
+        },
+    ),
+    "gpt2_block": (
+        "GPT-2 decoder block with embeddings, causal attention (transformers GPT2Model)",
+        {
+            "ci": _gpt2(2, 32, hidden=64, heads=2, vocab=100, positions=64),
+            "real": _gpt2(8, 512, hidden=768, heads=12, vocab=50257, positions=1024),
+        },
+    ),
+    "llama_block": (
+        "LLaMA decoder block: RMSNorm, rotary, grouped-query attention, SiLU-gated MLP",
+        {
+            "ci": _llama(2, 32, hidden=64, heads=2, kv_heads=1, ffn=176, vocab=100,
+                         positions=64),
+            # TinyLlama-1.1B's layer shape.
+            "real": _llama(8, 512, hidden=2048, heads=32, kv_heads=4, ffn=5632, vocab=32000,
+                           positions=2048),
+        },
+    ),
+    "t5_block": (
+        "T5 encoder block: RMS-style LayerNorm, relative position bias, ReLU MLP",
+        {
+            "ci": _t5(2, 32, hidden=64, heads=2, head_dim=32, ffn=256, vocab=100),
+            "real": _t5(8, 512, hidden=768, heads=12, head_dim=64, ffn=3072, vocab=32128),
+        },
+    ),
+    "dien_block": (
+        "DIEN-like interest block: target attention over behaviours, masked softmax, MLP",
+        {
+            "ci": _dien(16, 16, dim=32, attention_hidden=(80, 40), mlp_hidden=(200, 80)),
+            "real": _dien(512, 100, dim=36, attention_hidden=(80, 40), mlp_hidden=(200, 80)),
+        },
+    ),
+}
+
+
+def spec(name: str, size: str) -> ExportSpec:
+    """The export spec of model workload ``name`` at ``size``."""
+    if name not in SPECS:
+        raise KeyError(f"unknown model workload {name!r}; known: {', '.join(SPECS)}")
+    sizes = SPECS[name][1]
+    if size not in sizes:
+        raise ValueError(f"{name} has no size {size!r}; sizes: {', '.join(sizes)}")
+    return sizes[size]
+
+
+def cache_dir() -> Path:
+    """Where exported models are cached: ``$TVM_STITCH_MODEL_CACHE`` or
+    ``~/.cache/tvm-stitch/models``."""
+    override = os.environ.get(CACHE_ENV)
+    return Path(override) if override else Path.home() / ".cache" / "tvm-stitch" / "models"
+
+
+def cached_path(name: str, size: str, directory: Path | None = None) -> Path:
+    """The cache file of model ``name`` at ``size`` (in ``directory``, default cache_dir())."""
+    return (directory or cache_dir()) / f"{name}-{size}.onnx"
+
+
+def _require_extra(name: str) -> None:
+    try:
+        import onnxscript  # noqa: F401
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as err:
+        raise ModelsExtraMissing(
+            f"exporting model workload {name!r} needs torch, transformers and onnxscript; "
+            f"{INSTALL_HINT}. ({err})"
+        ) from err
+
+
+@contextmanager
+def _quiet_exporter() -> Iterator[None]:
+    """Silence the exporters' warnings and progress logs (missing torchvision, constant folding
+    attempts), which say nothing about the exported model."""
+    loggers = [logging.getLogger(name) for name in ("torch.onnx", "onnxscript")]
+    levels = [logger.level for logger in loggers]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for logger in loggers:
+            logger.setLevel(logging.ERROR)
+        try:
+            yield
+        finally:
+            for logger, level in zip(loggers, levels, strict=True):
+                logger.setLevel(level)
+
+
+def _torch_export(module: Any, example: tuple[Any, ...], spec: ExportSpec) -> onnx.ModelProto:
+    import torch
+
+    names = dict(input_names=[t.name for t in spec.inputs], output_names=[spec.output])
+    with torch.no_grad(), _quiet_exporter():
+        if spec.dynamo:
+            program = torch.onnx.export(module, example, None, dynamo=True, verbose=False,
+                                        opset_version=spec.opset, external_data=False, **names)
+            return program.model_proto
+        buffer = io.BytesIO()
+        torch.onnx.export(module, example, buffer, dynamo=False, opset_version=spec.opset,
+                          **names)
+        return onnx.load_from_string(buffer.getvalue())
+
+
+def export_model(name: str, size: str, path: Path | None = None) -> onnx.ModelProto:
+    """Export model workload ``name`` at ``size`` with seeded weights; also save it at ``path``.
+
+    Deterministic: the same spec, seed and library versions give byte-identical files.
+    Raises ModelsExtraMissing when torch, transformers or onnxscript is not installed.
+    """
+    export = spec(name, size)
+    _require_extra(name)
+    import torch
+
+    from . import torch_modules
+
+    torch.manual_seed(SEED)
+    module = torch_modules.build(export.arch, export.config).eval()
+    rng = np.random.default_rng(SEED)
+    example = tuple(
+        torch.from_numpy(t.dist.sample(rng, t.shape, np.dtype(t.dtype))) for t in export.inputs
+    )
+    model = _torch_export(module, example, export)
+    set_input_dists(model, {t.name: t.dist for t in export.inputs})
+    set_metadata(model, EXPORT_KEY, export.fingerprint())
+    set_metadata(model, WORKLOAD_KEY, name)
+    set_metadata(model, SIZE_KEY, size)
+    set_metadata(model, "tvm_stitch.exported_with", ", ".join(
+        f"{pkg} {metadata.version(pkg)}" for pkg in ("torch", "transformers", "onnxscript")))
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial_file = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        onnx.save(model, partial_file)
+        os.replace(partial_file, path)
+    return model
+
+
+def load_model(name: str, size: str, directory: Path | None = None) -> onnx.ModelProto:
+    """Model workload ``name`` at ``size`` from the cache (``directory``, default cache_dir()),
+    exported there first if missing or stale (see export_model)."""
+    path = cached_path(name, size, directory)
+    if path.exists():
+        model = onnx.load(path)
+        if get_metadata(model, EXPORT_KEY) == spec(name, size).fingerprint():
+            return model
+    return export_model(name, size, path)
+
+
+for _name, (_description, _sizes) in SPECS.items():
+    register(
+        Workload(
+            name=_name,
+            kind="model",
+            description=_description,
+            sizes={size: s.summary for size, s in _sizes.items()},
+            build=partial(load_model, _name),
+        )
+    )

@@ -1,0 +1,87 @@
+"""The torch modules behind the model workloads. Imported only to export (needs ``torch``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+# arch -> (config class, model class, model constructor kwargs, call kwargs), from transformers
+TRANSFORMERS_ARCHS: dict[str, tuple[str, str, dict[str, Any], dict[str, Any]]] = {
+    "bert": ("BertConfig", "BertModel", {"add_pooling_layer": False}, {}),
+    "gpt2": ("GPT2Config", "GPT2Model", {}, {"use_cache": False}),
+    "llama": ("LlamaConfig", "LlamaModel", {}, {"use_cache": False}),
+    "t5": ("T5Config", "T5EncoderModel", {}, {}),
+}
+
+
+class LastHiddenState(nn.Module):
+    """Calls a transformers model by keyword and returns ``last_hidden_state``.
+
+    Keyword calls are required: positional ones clash with ``use_cache`` in transformers 5.
+    """
+
+    def __init__(self, model: nn.Module, call_kwargs: dict[str, Any]) -> None:
+        super().__init__()
+        self.model = model
+        self.call_kwargs = call_kwargs
+
+    def forward(self, input_ids: torch.Tensor,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The encoder/decoder output for ``input_ids`` (and the padding mask, if given)."""
+        masks = {} if attention_mask is None else {"attention_mask": attention_mask}
+        return self.model(input_ids=input_ids, **masks, **self.call_kwargs).last_hidden_state
+
+
+def _mlp(widths: Sequence[int], activation: type[nn.Module]) -> nn.Sequential:
+    """Linear layers through ``widths``, each followed by ``activation``, then a Linear to 1."""
+    layers: list[nn.Module] = []
+    for width_in, width_out in zip(widths[:-1], widths[1:], strict=True):
+        layers += [nn.Linear(width_in, width_out), activation()]
+    layers.append(nn.Linear(widths[-1], 1))
+    return nn.Sequential(*layers)
+
+
+class DienBlock(nn.Module):
+    """A GRU-free DIEN/DIN-style interest block on already-embedded features.
+
+    An attention MLP scores every behaviour against the target item; a masked softmax over the
+    sequence weights the behaviours into one interest vector; user, target, interest and
+    target * interest are concatenated into a PReLU MLP ending in a sigmoid (click probability).
+    """
+
+    def __init__(self, dim: int, attention_hidden: Sequence[int],
+                 mlp_hidden: Sequence[int]) -> None:
+        super().__init__()
+        self.attention = _mlp([4 * dim, *attention_hidden], nn.Sigmoid)
+        self.head = _mlp([4 * dim, *mlp_hidden], nn.PReLU)
+
+    def forward(self, user: torch.Tensor, target: torch.Tensor, behaviors: torch.Tensor,
+                behavior_mask: torch.Tensor) -> torch.Tensor:
+        """Click probability (batch x 1); ``behavior_mask`` is 1 for real behaviours, 0 for
+        padding."""
+        query = target.unsqueeze(1).expand_as(behaviors)
+        features = torch.cat([query, behaviors, query - behaviors, query * behaviors], dim=-1)
+        scores = self.attention(features).squeeze(-1) + (behavior_mask - 1.0) * 10000.0
+        weights = torch.softmax(scores, dim=-1)
+        interest = (weights.unsqueeze(-1) * behaviors).sum(dim=1)
+        joint = torch.cat([user, target, interest, target * interest], dim=-1)
+        return torch.sigmoid(self.head(joint))
+
+
+def build(arch: str, config: dict[str, Any]) -> nn.Module:
+    """A freshly initialised module for ``arch`` (a key of TRANSFORMERS_ARCHS, or ``dien``).
+
+    Weights come from torch's global RNG: seed it first for a deterministic module.
+    """
+    if arch == "dien":
+        return DienBlock(**config)
+    import transformers
+
+    config_cls, model_cls, model_kwargs, call_kwargs = TRANSFORMERS_ARCHS[arch]
+    model = getattr(transformers, model_cls)(
+        getattr(transformers, config_cls)(**config), **model_kwargs
+    )
+    return LastHiddenState(model, call_kwargs)
