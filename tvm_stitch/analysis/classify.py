@@ -1,0 +1,70 @@
+"""Telling compute-intensive PrimFuncs (matmul, convolution) from memory-intensive ones.
+
+A PrimFunc is a contraction when one of its reduction blocks accumulates the product of two
+loaded tensors, ``acc[...] = acc[...] + a[...] * b[...]``: TVM's ``matmul``, ``NT_matmul``,
+batched matmul, ``conv*d`` and dense all legalize to that shape, before and after dlight
+schedules them (through cache stages and rfactor). Squaring one value (``x[i] * x[i]`` in a
+sum of squares) and products of computed values (a variance's ``(x - m) * (x - m)``) are not
+contractions. Only blocks are inspected, so a hand-written PrimFunc without blocks counts as
+memory-intensive.
+"""
+
+from __future__ import annotations
+
+import tvm
+import tvm_ffi
+from tvm import s_tir, tirx
+
+from .guards import IF_THEN_ELSE
+
+
+def _loaded(expr: tvm.ir.PrimExpr) -> tvm.ir.TensorLoad | None:
+    """The load ``expr`` is, looking through casts and padding (``if_then_else(c, load, 0)``)."""
+    while True:
+        if isinstance(expr, tirx.Cast):
+            expr = expr.value
+        elif (isinstance(expr, tvm.ir.Call) and isinstance(expr.op, tvm.ir.Op)
+              and expr.op.name == IF_THEN_ELSE):
+            expr = expr.args[1]
+        else:
+            return expr if isinstance(expr, tvm.ir.TensorLoad) else None
+
+
+def _is_accumulated_product(store: tirx.BufferStore) -> bool:
+    value = store.value
+    if not isinstance(value, tirx.Add):
+        return False
+    for acc, term in ((value.a, value.b), (value.b, value.a)):
+        acc_load = _loaded(acc)
+        if acc_load is None or not acc_load.source.same_as(store.buffer):
+            continue
+        if not isinstance(term, tirx.Mul):
+            continue
+        lhs, rhs = _loaded(term.a), _loaded(term.b)
+        if lhs is None or rhs is None:
+            continue
+        if any(x.source.same_as(store.buffer) for x in (lhs, rhs)):
+            continue
+        if lhs.source.same_as(rhs.source) and tvm_ffi.structural_equal(lhs.indices, rhs.indices):
+            continue  # x * x: a square, not a contraction
+        return True
+    return False
+
+
+def is_contraction_block(block: s_tir.SBlock) -> bool:
+    """True for a reduction block whose update multiplies two loaded tensors."""
+    if not any(int(iv.iter_type) == tirx.IterVar.CommReduce for iv in block.iter_vars):
+        return False
+    return isinstance(block.body, tirx.BufferStore) and _is_accumulated_product(block.body)
+
+
+def has_contraction(func: tirx.PrimFunc) -> bool:
+    """True when ``func`` contains a matmul- or convolution-like reduction block."""
+    found = False
+
+    def visit(block: s_tir.SBlock) -> None:
+        nonlocal found
+        found = found or is_contraction_block(block)
+
+    tvm_ffi.structural_walk(func.body, [(s_tir.SBlock, visit)])
+    return found

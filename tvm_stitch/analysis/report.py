@@ -1,0 +1,462 @@
+"""Kernels, global traffic and roofline time of one run of a scheduled module.
+
+``analyze`` walks the ``call_tir`` bindings of ``main`` in order, lowers each called PrimFunc
+with TVM's TIR pipeline (``tvm_stitch.lowering``), and for each kernel it launches counts
+the global bytes from the finalised device TIR (``traffic``), the launch shape, and the
+roofline time on each GPU of ``roofline.GPUS``. Compulsory bytes are what any implementation
+must move: each input and constant of ``main`` read once, each output written once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import tvm
+import tvm_ffi
+from tvm import relax, tirx
+from tvm.ir import IRModule
+from tvm.sym import Analyzer
+from tvm.target import Target
+
+from ..lowering import BufferArg, LoweredFunc, LoweringError, evaluate_int, lower, scalar_dtype
+from ..target import parse_target
+from .classify import has_contraction
+from .ptxas import KernelResources, lowered_resources
+from .roofline import GPUS, KernelWork, kernel_time_us, waves
+from .traffic import AnalysisError, KernelTraffic, bytes_per_access, count_traffic
+
+_CALL_TIR = ("relax.call_tir", "relax.call_tir_with_grad", "relax.call_tir_inplace")
+_LIBRARY_CALLS = ("relax.call_dps_packed",)
+_AXES = "xyz"
+
+Shapes = Mapping[str, Sequence[int]] | Sequence[Sequence[int]]
+
+
+@dataclass
+class KernelReport:
+    """One kernel launch: where it comes from, its launch shape, traffic and resources."""
+
+    name: str
+    func: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    traffic: KernelTraffic
+    memory_intensive: bool
+    resources: KernelResources | None = None
+
+    @property
+    def blocks(self) -> int:
+        """Thread blocks in the grid."""
+        return math.prod(self.grid)
+
+    @property
+    def threads_per_block(self) -> int:
+        """Threads in one block."""
+        return math.prod(self.block)
+
+    @property
+    def work(self) -> KernelWork:
+        """What the roofline model needs of this launch."""
+        return KernelWork(self.traffic.global_bytes, self.traffic.accesses, self.blocks,
+                          self.threads_per_block)
+
+    def waves(self) -> dict[str, float]:
+        """Waves of blocks per GPU (thread-limited occupancy)."""
+        return {g: waves(gpu, self.blocks, self.threads_per_block) for g, gpu in GPUS.items()}
+
+    def roofline_us(self) -> dict[str, float]:
+        """Estimated microseconds per GPU."""
+        return {g: kernel_time_us(gpu, self.work) for g, gpu in GPUS.items()}
+
+    def to_dict(self, buffers: bool = False) -> dict[str, object]:
+        """Plain-data form; ``buffers`` adds the per-buffer breakdown."""
+        out: dict[str, object] = {
+            "name": self.name,
+            "func": self.func,
+            "memory_intensive": self.memory_intensive,
+            "grid": list(self.grid),
+            "block": list(self.block),
+            "blocks": self.blocks,
+            "threads_per_block": self.threads_per_block,
+            "waves": self.waves(),
+            "read_bytes": self.traffic.read_bytes,
+            "write_bytes": self.traffic.write_bytes,
+            "global_bytes": self.traffic.global_bytes,
+            "accesses": self.traffic.accesses,
+            "exact": self.traffic.exact,
+            "roofline_us": self.roofline_us(),
+        }
+        if self.resources is not None:
+            out.update(vars(self.resources))
+        if buffers:
+            out["buffers"] = {name: vars(b) for name, b in self.traffic.buffers.items()}
+        return out
+
+
+@dataclass
+class ModuleReport:
+    """Every kernel one run of a module launches, in order, and the module's totals."""
+
+    kernels: list[KernelReport]
+    input_bytes: int
+    constant_bytes: int
+    output_bytes: int
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def compulsory_bytes(self) -> int:
+        """Inputs and constants read once plus outputs written once."""
+        return self.input_bytes + self.constant_bytes + self.output_bytes
+
+    @property
+    def mem_kernels(self) -> int:
+        """Kernels of PrimFuncs without a matmul or convolution."""
+        return sum(k.memory_intensive for k in self.kernels)
+
+    @property
+    def read_bytes(self) -> int:
+        """Global bytes read by all kernels."""
+        return sum(k.traffic.read_bytes for k in self.kernels)
+
+    @property
+    def write_bytes(self) -> int:
+        """Global bytes written by all kernels."""
+        return sum(k.traffic.write_bytes for k in self.kernels)
+
+    @property
+    def global_bytes(self) -> int:
+        """Global bytes read and written by all kernels."""
+        return self.read_bytes + self.write_bytes
+
+    @property
+    def traffic_ratio(self) -> float:
+        """Global bytes over compulsory bytes (1.0 is ideal; inf if nothing is compulsory)."""
+        if self.compulsory_bytes == 0:
+            return math.inf if self.global_bytes else 1.0
+        return self.global_bytes / self.compulsory_bytes
+
+    def roofline_us(self) -> dict[str, float]:
+        """Estimated microseconds per GPU for the whole run."""
+        return {g: sum(kernel_time_us(gpu, k.work) for k in self.kernels)
+                for g, gpu in GPUS.items()}
+
+    def to_dict(self, buffers: bool = False) -> dict[str, object]:
+        """Plain-data form (JSON-ready); ``buffers`` adds per-buffer breakdowns per kernel."""
+        return {
+            "kernels": len(self.kernels),
+            "mem_kernels": self.mem_kernels,
+            "read_bytes": self.read_bytes,
+            "write_bytes": self.write_bytes,
+            "global_bytes": self.global_bytes,
+            "compulsory_bytes": self.compulsory_bytes,
+            "traffic_ratio": self.traffic_ratio,
+            "roofline_us": self.roofline_us(),
+            "per_kernel": [k.to_dict(buffers) for k in self.kernels],
+        }
+
+    def render(self) -> str:
+        """A small text table of the report, for the command line."""
+        return render(self)
+
+
+def format_bytes(n: float) -> str:
+    """``n`` bytes in decimal units: 393216 -> '393.2 KB'."""
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    raise AssertionError("unreachable")
+
+
+def render(report: ModuleReport) -> str:
+    """The report as text: totals, then one row per kernel (H200 waves and time)."""
+    times = report.roofline_us()
+    lines = [
+        f"kernels {len(report.kernels)} (memory-intensive {report.mem_kernels})",
+        f"global {format_bytes(report.global_bytes)} (read {format_bytes(report.read_bytes)},"
+        f" written {format_bytes(report.write_bytes)}), compulsory "
+        f"{format_bytes(report.compulsory_bytes)}, traffic ratio {report.traffic_ratio:.2f}",
+        "roofline " + ", ".join(f"{g} {t:.1f} us" for g, t in times.items()),
+        *report.notes,
+    ]
+    with_resources = any(k.resources is not None for k in report.kernels)
+    header = ["#", "kernel", "kind", "grid", "block", "waves", "read", "written", "H200 us"]
+    if with_resources:
+        header += ["regs", "smem", "spill"]
+    rows = [header]
+    for i, k in enumerate(report.kernels):
+        row = [str(i), k.name + ("" if k.traffic.exact else " *"),
+               "mem" if k.memory_intensive else "compute",
+               "x".join(map(str, _trim(k.grid))), "x".join(map(str, _trim(k.block))),
+               f"{k.waves()['H200']:.2f}", format_bytes(k.traffic.read_bytes),
+               format_bytes(k.traffic.write_bytes),
+               f"{k.roofline_us()['H200']:.1f}"]
+        if with_resources:
+            r = k.resources
+            row += ["-", "-", "-"] if r is None else [
+                str(r.registers), format_bytes(r.shared_bytes),
+                format_bytes(r.spill_store_bytes + r.spill_load_bytes)]
+        rows.append(row)
+    widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
+    left = {1, 2}
+    for r in rows:
+        lines.append("  ".join(cell.ljust(w) if c in left else cell.rjust(w)
+                               for c, (cell, w) in enumerate(zip(r, widths, strict=True))))
+    return "\n".join(lines)
+
+
+def _trim(dims: tuple[int, int, int]) -> tuple[int, ...]:
+    """(128, 1, 1) -> (128,): the dimensions up to the last one above 1."""
+    last = max((i for i, d in enumerate(dims) if d != 1), default=0)
+    return dims[: last + 1]
+
+
+# Lowered functions to kernel reports ---------------------------------------------------------
+
+@dataclass
+class _Lowered:
+    """A PrimFunc lowered once, with what every call of it shares."""
+
+    func: LoweredFunc
+    memory_intensive: bool
+    resources: dict[str, KernelResources] | None
+
+    def reports(self, host: Analyzer, exact_guards: bool) -> list[KernelReport]:
+        """One report per kernel launch, with shapes bound in ``host``."""
+        reports = []
+        for launch in self.func.launches:
+            what = f"{self.func.name}/{launch.kernel}"
+            grid, block = [1, 1, 1], [1, 1, 1]
+            for tag, extent in launch.launch:
+                scope, _, axis = tag.partition(".")
+                value = _integer(host, extent, f"{what} extent of {tag}")
+                (grid if scope == "blockIdx" else block)[_AXES.index(axis)] = value
+            kernel = self.func.kernel(launch.kernel)
+            ana = Analyzer()
+            for param, arg in zip(kernel.params, launch.args, strict=True):
+                if not isinstance(arg, BufferArg):
+                    value = _integer(host, arg, f"{what} argument {param.name}")
+                    ana.bind(param, tirx.IntImm(scalar_dtype(param), value))
+            traffic = count_traffic(kernel, ana, exact_guards, name=what)
+            res = None if self.resources is None else self.resources.get(launch.kernel)
+            reports.append(KernelReport(launch.kernel, self.func.name, tuple(grid), tuple(block),
+                                        traffic, self.memory_intensive, res))
+        return reports
+
+
+def _integer(ana: Analyzer, expr: tvm.ir.PrimExpr | int, what: str) -> int:
+    if isinstance(expr, int):
+        return expr
+    try:
+        return evaluate_int(ana, expr, what)
+    except LoweringError as err:
+        raise AnalysisError(f"{err}; pass the input shapes of symbolic dimensions") from None
+
+
+class _Lowerer:
+    """Lowers each PrimFunc once, and compiles it for resources once when asked to."""
+
+    def __init__(self, target: Target, resources: bool) -> None:
+        self.target = target
+        self.resources = resources
+        self.cache: dict[str, _Lowered] = {}
+
+    def __call__(self, func: tirx.PrimFunc, name: str) -> _Lowered:
+        if name not in self.cache:
+            lowered = lower(func, name, self.target)
+            res = lowered_resources(lowered) if self.resources and lowered.launches else None
+            self.cache[name] = _Lowered(lowered, not has_contraction(func), res)
+        return self.cache[name]
+
+
+def analyze_primfunc(func: tirx.PrimFunc, shapes: Sequence[Sequence[int]] | None = None, *,
+                     name: str = "main", scalars: Mapping[str, int] | None = None,
+                     target: str | Target = "cuda", resources: bool = False,
+                     exact_guards: bool = True) -> list[KernelReport]:
+    """Kernel reports for one GPU-scheduled PrimFunc.
+
+    ``shapes`` gives one concrete shape per buffer parameter in order (needed only when the
+    PrimFunc has symbolic shapes), ``scalars`` its scalar parameters by name. ``resources``
+    compiles the CUDA source with nvcc to read registers and shared memory.
+    """
+    lowered = _Lowerer(parse_target(target), resources)(func, name)
+    if shapes is None:
+        shapes = [[_integer(Analyzer(), d, f"{name}: shape of {p.name}") for d in p.shape]
+                  for p in lowered.func.params if isinstance(p.ty, tirx.BufferType)]
+    host = lowered.func.bind_shapes([tuple(s) for s in shapes], dict(scalars or {}))
+    return lowered.reports(host, exact_guards)
+
+
+# Relax main -------------------------------------------------------------------------------
+
+def _op_name(call: relax.Call) -> str:
+    return call.op.name if isinstance(call.op, tvm.ir.Op) else ""
+
+
+def _tensor_types(ty: relax.Type, what: str) -> list[relax.TensorType]:
+    if isinstance(ty, relax.TensorType):
+        return [ty]
+    if isinstance(ty, relax.TupleType):
+        return [t for f in ty.fields for t in _tensor_types(f, what)]
+    raise AnalysisError(f"{what} has type {ty}, not a tensor or a tuple of tensors")
+
+
+def _shape(ana: Analyzer, ty: relax.TensorType, what: str) -> tuple[int, ...]:
+    if not isinstance(ty.shape, relax.ShapeExpr):
+        raise AnalysisError(f"{what} has no known shape ({ty})")
+    return tuple(_integer(ana, d, f"{what} dimension {d}") for d in ty.shape.values)
+
+
+def _tensor_bytes(ana: Analyzer, ty: relax.TensorType, what: str) -> int:
+    return math.prod(_shape(ana, ty, what)) * bytes_per_access(str(ty.dtype))
+
+
+def _bind_inputs(main: relax.Function, input_shapes: Shapes | None,
+                 shape_vars: Mapping[str, int] | None) -> Analyzer:
+    """An analyzer with main's symbolic dimensions bound from the given shapes and values."""
+    ana = Analyzer()
+    params = [(p.name, t) for p in main.params for t in _tensor_types(p.ty, f"parameter {p.name}")]
+    if input_shapes is None:
+        given: dict[str, Sequence[int]] = {}
+    elif isinstance(input_shapes, Mapping):
+        given = dict(input_shapes)
+        unknown = set(given) - {n for n, _ in params}
+        if unknown:
+            raise ValueError(f"input_shapes names no parameter of main: {sorted(unknown)}")
+    else:
+        if len(input_shapes) != len(params):
+            raise ValueError(
+                f"main has {len(params)} tensor inputs, got {len(input_shapes)} shapes")
+        given = {n: s for (n, _), s in zip(params, input_shapes, strict=True)}
+    symbols: dict[str, tvm.ir.Var] = {}
+
+    def symbol(var: tvm.ir.Var) -> None:
+        if isinstance(var.ty, tvm.ir.PrimType):
+            symbols.setdefault(str(var.name), var)
+
+    tvm_ffi.structural_walk(main, [(tvm.ir.Var, symbol)])
+    for name, value in (shape_vars or {}).items():
+        if name not in symbols:
+            raise ValueError(f"shape variable {name!r} does not occur in main")
+        ana.bind(symbols[name], tirx.IntImm(scalar_dtype(symbols[name]), int(value)))
+    for name, ty in params:
+        if name not in given:
+            continue
+        dims = ty.shape.values if isinstance(ty.shape, relax.ShapeExpr) else []
+        if len(dims) != len(given[name]):
+            raise ValueError(f"input {name} has rank {len(dims)}, got shape {tuple(given[name])}")
+        for dim, size in zip(dims, given[name], strict=True):
+            if isinstance(dim, tvm.ir.Var) and not isinstance(ana.simplify(dim), tirx.IntImm):
+                ana.bind(dim, tirx.IntImm(scalar_dtype(dim), int(size)))
+    for name, ty in params:
+        if name in given and _shape(ana, ty, f"input {name}") != tuple(given[name]):
+            raise ValueError(f"input {name} is {ty}, got shape {tuple(given[name])}")
+    return ana
+
+
+def _call_tir_bindings(mod: IRModule, main: relax.Function) -> list[relax.Call]:
+    """main's call_tir calls in order; errors on kernels launched anywhere else."""
+    calls = []
+    for block in main.body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            if isinstance(value, relax.Call) and _op_name(value) in _CALL_TIR:
+                calls.append(value)
+            else:
+                _reject_hidden_kernels(mod, value, f"binding of {binding.var.name}", set())
+    _reject_hidden_kernels(mod, main.body.body, "main's result", set())
+    return calls
+
+
+def _reject_hidden_kernels(mod: IRModule, expr: object, where: str, visited: set[str]) -> None:
+    """Raise AnalysisError if ``expr`` launches kernels other than through a binding's call_tir:
+    call_tir nested in an expression (``If`` branches), a Relax function that calls kernels,
+    or a library call whose kernels we cannot see."""
+    calls: list[relax.Call] = []
+    tvm_ffi.structural_walk(expr, [(relax.Call, calls.append)])  # raising inside is lost
+    for node in calls:
+        op = _op_name(node)
+        if op in _CALL_TIR:
+            raise AnalysisError(f"{where}: call_tir nested inside an expression (a branch or "
+                                "a loop) is not supported; only main's own bindings count")
+        if op in _LIBRARY_CALLS:
+            raise AnalysisError(f"{where}: library call {node.args[0]} launches kernels whose "
+                                "traffic cannot be counted")
+        if not isinstance(node.op, tvm.ir.GlobalVar):
+            continue
+        callee = node.op.name_hint
+        func = mod[callee]
+        if isinstance(func, tirx.PrimFunc):
+            raise AnalysisError(f"{where}: direct call of PrimFunc {callee} is not supported")
+        if callee not in visited:
+            visited.add(callee)
+            try:
+                _reject_hidden_kernels(mod, func, f"function {callee}", visited)
+            except AnalysisError as err:
+                raise AnalysisError(f"{where} calls {callee}, which launches kernels; only "
+                                    f"call_tir bindings of main are counted ({err})") from None
+
+
+def _call_shapes(ana: Analyzer, call: relax.Call, func: tirx.PrimFunc, name: str
+                 ) -> tuple[list[tuple[int, ...]], dict[str, int]]:
+    """Concrete shapes of the PrimFunc's buffer parameters and values of its scalars."""
+    args = list(call.args[1].fields) if isinstance(call.args[1], relax.Tuple) else [call.args[1]]
+    shapes = [_shape(ana, t, f"{name} argument {i}")
+              for i, a in enumerate(args) for t in _tensor_types(a.ty, f"{name} argument {i}")]
+    outs = [t for ty in call.ty_args for t in _tensor_types(ty, f"{name} output")]
+    if _op_name(call) == "relax.call_tir_inplace":
+        outs = [t for t, i in zip(outs, call.attrs.inplace_indices, strict=True) if int(i) < 0]
+    shapes += [_shape(ana, t, f"{name} output {i}") for i, t in enumerate(outs)]
+    scalars: dict[str, int] = {}
+    if len(call.args) > 2:
+        params = [p for p in func.params if not isinstance(p.ty, tirx.BufferType)]
+        values = [_integer(ana, v, f"{name} symbolic argument") for v in call.args[2].values]
+        scalars = {p.name: v for p, v in zip(params, values, strict=True)}
+    return shapes, scalars
+
+
+def _constants(main: relax.Function) -> list[tvm.ir.Constant]:
+    found: list[tvm.ir.Constant] = []
+
+    def constant(c: tvm.ir.Constant) -> None:
+        if isinstance(c.ty, relax.TensorType) and not any(c.same_as(f) for f in found):
+            found.append(c)
+
+    tvm_ffi.structural_walk(main, [(tvm.ir.Constant, constant)])
+    return found
+
+
+def analyze(scheduled: IRModule, input_shapes: Shapes | None = None, *,
+            shape_vars: Mapping[str, int] | None = None, target: str | Target = "cuda",
+            resources: bool = False, exact_guards: bool = True,
+            entry: str = "main") -> ModuleReport:
+    """Kernels launched, global traffic and roofline time of one run of ``scheduled``.
+
+    ``scheduled`` is the output of ``tvm_stitch.pipeline.lower``. Symbolic dimensions are bound
+    from ``input_shapes`` (by parameter name, or a list in parameter order) and/or
+    ``shape_vars`` (by variable name). ``resources`` adds registers and shared memory from
+    ``ptxas -v`` for the target's architecture. Raises AnalysisError for kernels launched
+    other than by a ``call_tir`` binding of ``main``.
+    """
+    target = parse_target(target)
+    main = scheduled[entry]
+    ana = _bind_inputs(main, input_shapes, shape_vars)
+    lowerer = _Lowerer(target, resources)
+    kernels: list[KernelReport] = []
+    for call in _call_tir_bindings(scheduled, main):
+        gv = call.args[0]
+        func = scheduled[gv]
+        shapes, scalars = _call_shapes(ana, call, func, gv.name_hint)
+        lowered = lowerer(func, gv.name_hint)
+        kernels += lowered.reports(lowered.func.bind_shapes(shapes, scalars), exact_guards)
+    inputs = sum(_tensor_bytes(ana, t, f"input {p.name}")
+                 for p in main.params for t in _tensor_types(p.ty, p.name))
+    constants = sum(_tensor_bytes(ana, t, "constant")
+                    for c in _constants(main) for t in _tensor_types(c.ty, "constant"))
+    outputs = sum(_tensor_bytes(ana, t, "output")
+                  for t in _tensor_types(main.body.body.ty, "main's result"))
+    notes = [] if all(k.traffic.exact for k in kernels) else [
+        "* some guards counted as always true: that kernel's bytes are upper bounds"]
+    return ModuleReport(kernels, inputs, constants, outputs, notes)

@@ -1,0 +1,118 @@
+"""Analytic time estimate of memory-bound kernels: launches, bytes and parallelism.
+
+Per kernel::
+
+    time = launch_overhead + bytes / effective_bandwidth
+    effective_bandwidth = peak x min(1, active_SMs / SMs) x min(1, in_flight / needed)
+
+- ``active_SMs = min(SMs, blocks)``: a grid of 64 blocks keeps 64 SMs busy at most.
+- ``needed`` is Little's law per SM: the bytes that must be in flight on each SM to keep its
+  share of DRAM busy, ``(peak / SMs) x DRAM latency``.
+- ``in_flight`` is what an active SM has outstanding: its resident threads (its share of the
+  grid, capped by thread-limited occupancy: ``max_threads_per_SM // threads_per_block``
+  blocks, at most ``max_blocks_per_SM``) x the accesses each thread can have in flight
+  (its own accesses, at most ``loads_in_flight_per_thread``) x the bytes per access (so
+  vectorised kernels need fewer threads).
+
+The total is the sum over kernels: kernels of one model run back to back on one stream.
+Compute, L2 hits and shared-memory time are ignored: this ranks memory-intensive code, it
+does not predict matmuls.
+
+Figures (``GPUS``): bandwidth and SM counts are the vendors' (H200 SXM 4.8 TB/s HBM3e, 132
+SMs; A100 SXM 2.0 TB/s (80 GB) HBM2e, 108 SMs; V100 SXM2 0.9 TB/s HBM2, 80 SMs); 2048
+threads and 32 blocks per SM are the CUDA occupancy limits of compute capability 7.0, 8.0 and
+9.0. DRAM latency is one round figure, 600 ns: pointer-chasing microbenchmarks put loaded
+HBM latency on Volta to Hopper between about 400 and 800 ns (Jia et al., "Dissecting the
+NVIDIA Volta GPU Architecture via Microbenchmarking", 2018; Chips and Cheese's GPU memory
+latency tests), and one figure keeps the model explainable. Four accesses in flight per
+thread is an assumption: TVM unrolls the short loops of memory-bound kernels, so a thread
+issues a few independent loads before the first returns.
+
+Launch overhead is the effective cost of one more kernel in a back-to-back sequence
+(launch latency, first-wave ramp-up and last-wave tail): 5 us on V100, 4 us on A100 and
+3 us on H200. The AStitch paper measured about 10 us per kernel launch on V100 under
+TensorFlow (against 2.5 us for a grid barrier), which includes framework overhead; CUDA's
+own launch latency on recent GPUs is a few microseconds (NVIDIA's CUDA Graphs material). These
+three figures are assumptions to calibrate against measurements on a GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GPU:
+    """What the roofline model needs to know about one GPU."""
+
+    name: str
+    bandwidth: float  # peak DRAM bandwidth, bytes per second
+    sms: int
+    launch_overhead_us: float
+    max_threads_per_sm: int = 2048
+    max_blocks_per_sm: int = 32
+    dram_latency_ns: float = 600.0
+    loads_in_flight_per_thread: int = 4
+
+    @property
+    def bytes_in_flight_needed_per_sm(self) -> float:
+        """Little's law: bytes one SM must have outstanding to draw its share of bandwidth."""
+        return self.bandwidth / self.sms * self.dram_latency_ns * 1e-9
+
+
+GPUS: dict[str, GPU] = {
+    gpu.name: gpu
+    for gpu in (
+        GPU("H200", bandwidth=4.8e12, sms=132, launch_overhead_us=3.0),
+        GPU("A100", bandwidth=2.0e12, sms=108, launch_overhead_us=4.0),
+        GPU("V100", bandwidth=0.9e12, sms=80, launch_overhead_us=5.0),
+    )
+}
+
+
+@dataclass(frozen=True)
+class KernelWork:
+    """The figures of one kernel launch the model reads."""
+
+    global_bytes: int
+    accesses: int
+    blocks: int
+    threads_per_block: int
+
+
+def resident_blocks_per_sm(gpu: GPU, threads_per_block: int) -> int:
+    """Blocks of ``threads_per_block`` threads one SM holds at once (thread-limited)."""
+    return max(1, min(gpu.max_blocks_per_sm, gpu.max_threads_per_sm // threads_per_block))
+
+
+def waves(gpu: GPU, blocks: int, threads_per_block: int) -> float:
+    """How many times over the grid fills the GPU: blocks / (SMs x resident blocks per SM)."""
+    return blocks / (gpu.sms * resident_blocks_per_sm(gpu, threads_per_block))
+
+
+def effective_bandwidth(gpu: GPU, work: KernelWork) -> float:
+    """Bytes per second the kernel can draw, by the formula in the module docstring."""
+    if work.blocks <= 0 or work.threads_per_block <= 0:
+        return 0.0
+    active_sms = min(gpu.sms, work.blocks)
+    blocks_per_sm = min(work.blocks / active_sms,
+                        resident_blocks_per_sm(gpu, work.threads_per_block))
+    threads = work.blocks * work.threads_per_block
+    accesses_per_thread = work.accesses / threads
+    bytes_per_access = work.global_bytes / work.accesses if work.accesses else 0.0
+    in_flight = (blocks_per_sm * work.threads_per_block
+                 * min(accesses_per_thread, gpu.loads_in_flight_per_thread) * bytes_per_access)
+    concurrency = min(1.0, in_flight / gpu.bytes_in_flight_needed_per_sm)
+    return gpu.bandwidth * (active_sms / gpu.sms) * concurrency
+
+
+def kernel_time_us(gpu: GPU, work: KernelWork) -> float:
+    """Estimated microseconds for one launch: overhead plus bytes at effective bandwidth."""
+    if work.global_bytes == 0:
+        return gpu.launch_overhead_us
+    return gpu.launch_overhead_us + work.global_bytes / effective_bandwidth(gpu, work) * 1e6
+
+
+def total_time_us(gpu: GPU, kernels: list[KernelWork]) -> float:
+    """Estimated microseconds for kernels launched back to back."""
+    return sum(kernel_time_us(gpu, k) for k in kernels)
