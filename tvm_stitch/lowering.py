@@ -130,13 +130,19 @@ class _Capture:
             self.module = mod
 
 
-def lower(func: tirx.PrimFunc, name: str, target: Target) -> LoweredFunc:
-    """Run TVM's TIR pipeline on ``func`` for ``target`` and split it into host and kernels."""
+def lower(func: tirx.PrimFunc, name: str, target: Target, vectorize: bool = True
+          ) -> LoweredFunc:
+    """Run TVM's TIR pipeline on ``func`` for ``target`` and split it into host and kernels.
+
+    ``vectorize=False`` turns vectorised loops into per-lane loops inside each thread (same
+    launch geometry, same indices), as TVM's ``tirx.disable_vectorize`` option does.
+    """
     capture = tvm.instrument.pass_instrument(_Capture)()
     mod = IRModule({name: func.with_attr("global_symbol", name)})
     mod = tirx.transform.BindTarget(target.with_host("llvm"))(mod)
     pipeline, _, finalize_device = tvm.tirx.get_default_tir_pipeline(target)
-    with target, tvm.transform.PassContext(instruments=[capture]):
+    config = {"tirx.disable_vectorize": not vectorize}
+    with target, tvm.transform.PassContext(instruments=[capture], config=config):
         lowered = pipeline(mod)
     if capture.module is None:
         raise LoweringError(f"{name}: TVM's TIR pipeline did not reach MakePackedAPI")

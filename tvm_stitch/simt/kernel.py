@@ -9,6 +9,7 @@ barrier or a wrong index gives wrong numbers here just as it would on a GPU.
 from __future__ import annotations
 
 import functools
+import re
 
 import numpy as np
 import pyopencl as cl
@@ -30,6 +31,12 @@ def _context() -> tuple[cl.Context, cl.CommandQueue]:
     return ctx, cl.CommandQueue(ctx)
 
 
+def _bool_as_bytes(source: str) -> str:
+    """Address bool buffers as bytes: OpenCL has no vector loads of bool, which TVM emits for
+    vectorised boolean masks. numpy bools are one byte, so the memory layout is unchanged."""
+    return re.sub(r"\bbool\s*\*", "uchar*", source)
+
+
 @functools.cache
 def _program(source: str) -> cl.Program:
     ctx, _ = _context()
@@ -43,14 +50,19 @@ class SimtFunction:
 
     def __init__(self, lowered: LoweredFunc, source: str | None = None) -> None:
         self.lowered = lowered
-        self.source = lowered.source() if source is None else source
+        self.source = _bool_as_bytes(lowered.source()) if source is None else source
         program = _program(self.source)
         self._kernels = {k.kernel: cl.Kernel(program, k.kernel) for k in lowered.launches}
 
     @classmethod
     def from_primfunc(cls, func: tirx.PrimFunc, name: str = "main") -> SimtFunction:
-        """Lower ``func`` for OpenCL and build it with PoCL."""
-        return cls(lower(func, name, opencl_target()))
+        """Lower ``func`` for OpenCL and build it with PoCL.
+
+        Vectorised loops run lane by lane: TVM's OpenCL code generator gets vector booleans
+        wrong (OpenCL's vector ``&&`` and comparisons yield -1 for true, which TVM then tests
+        with ``0 < x``), while CUDA, like a per-lane loop, computes each lane as a scalar.
+        """
+        return cls(lower(func, name, opencl_target(), vectorize=False))
 
     def __call__(self, *arrays: np.ndarray, **scalars: int) -> None:
         low = self.lowered
@@ -91,6 +103,6 @@ class SimtFunction:
         for a, buf in zip(arrays, cl_buffers, strict=True):
             if a.size:
                 out = np.empty_like(a, order="C")
-                cl.enqueue_copy(queue, out, buf)
-                a[...] = out
+                cl.enqueue_copy(queue, out.view(np.uint8) if a.dtype == bool else out, buf)
+                a[...] = out.view(np.uint8) != 0 if a.dtype == bool else out
         queue.finish()

@@ -1,0 +1,122 @@
+"""Every workload, every available flow, side by side: kernels, traffic, roofline estimates.
+
+    python scripts/bench.py --size ci|real --json PATH --md PATH [--workloads a,b] [--flows f,g]
+
+At ``ci`` size each compiled model also runs on the CPU SIMT runner and is compared with
+onnxruntime (``max_abs_err``); at ``real`` size that column is null. Figures are counted from
+the scheduled TIR (see ``tvm_stitch.analysis``), not timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from tvm_stitch import analysis, pipeline, verify, workloads
+from tvm_stitch.target import DEFAULT_TARGET
+
+GPUS = ("H200", "A100", "V100")
+
+
+def bench_flow(model, flow: str, size: str, target: str) -> dict:
+    """Figures of one workload compiled with one flow."""
+    scheduled = verify.compile_model(model, flow, target)
+    report = analysis.analyze(scheduled).to_dict()
+    row = {k: report[k] for k in ("kernels", "mem_kernels", "global_bytes", "traffic_ratio",
+                                  "roofline_us")}
+    check = verify.run_simt(scheduled, model) if size == "ci" else None
+    row["max_abs_err"] = check.max_abs_err if check else None
+    row["ok"] = check.ok if check else None
+    row["compulsory_bytes"] = report["compulsory_bytes"]
+    return row
+
+
+def bench(names: list[str], flows: list[str], size: str, target: str) -> dict:
+    """Run the benchmark; failures are recorded per workload and flow, never hidden."""
+    rows = []
+    for name in names:
+        model = workloads.get(name).model(size)
+        entry: dict = {"name": name, "size": workloads.get(name).sizes[size], "pipelines": {}}
+        for flow in flows:
+            start = time.perf_counter()
+            try:
+                result = bench_flow(model, flow, size, target)
+                entry["compulsory_bytes"] = result.pop("compulsory_bytes")
+            except Exception as err:  # a crash in one flow must not hide the others' figures
+                result = {"error": f"{type(err).__name__}: {err}".splitlines()[0]}
+                traceback.print_exc(file=sys.stderr)
+            result["compile_s"] = round(time.perf_counter() - start, 2)
+            entry["pipelines"][flow] = result
+            print(f"{name:24s} {flow:9s} {_summary(result)}", file=sys.stderr)
+        rows.append(entry)
+    return {"target": target, "size": size, "workloads": rows}
+
+
+def _summary(r: dict) -> str:
+    if "error" in r:
+        return "ERROR " + r["error"]
+    err = "" if r["max_abs_err"] is None else f" err={r['max_abs_err']:.1e}"
+    return (f"kernels={r['kernels']} mem={r['mem_kernels']} ratio={r['traffic_ratio']:.2f} "
+            f"H200={r['roofline_us']['H200']:.1f}us{err}")
+
+
+def markdown(result: dict, flows: list[str]) -> str:
+    """The benchmark as a Markdown table, one row per workload, flows side by side."""
+    head = ["workload", "size", "compulsory MB"]
+    for flow in flows:
+        head += [f"{flow} kernels", f"{flow} mem kernels", f"{flow} MB", f"{flow} ratio",
+                 f"{flow} H200 us", f"{flow} A100 us", f"{flow} V100 us", f"{flow} max err"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for w in result["workloads"]:
+        cells = [w["name"], w["size"], _mb(w.get("compulsory_bytes"))]
+        for flow in flows:
+            r = w["pipelines"].get(flow, {"error": "not run"})
+            if "error" in r:
+                cells += ["error: " + r["error"][:60]] + [""] * 7
+                continue
+            err = "-" if r["max_abs_err"] is None else f"{r['max_abs_err']:.1e}"
+            cells += [str(r["kernels"]), str(r["mem_kernels"]), _mb(r["global_bytes"]),
+                      f"{r['traffic_ratio']:.2f}"]
+            cells += [f"{r['roofline_us'][g]:.1f}" for g in GPUS] + [err]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _mb(n: int | None) -> str:
+    return "-" if n is None else f"{n / 1e6:.3f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; exit 1 when any workload failed to compile or mismatched onnxruntime."""
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", choices=["ci", "real"], default="ci")
+    parser.add_argument("--json", type=Path, help="write the results as JSON here")
+    parser.add_argument("--md", type=Path, help="write the Markdown table here")
+    parser.add_argument("--workloads", help="comma-separated names (default: all)")
+    parser.add_argument("--flows", help="comma-separated flows (default: all available)")
+    parser.add_argument("--target", default=DEFAULT_TARGET)
+    args = parser.parse_args(argv)
+    names = args.workloads.split(",") if args.workloads else workloads.names()
+    flows = args.flows.split(",") if args.flows else pipeline.available_flows()
+    result = bench(names, flows, args.size, args.target)
+    table = markdown(result, flows)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+    if args.md:
+        args.md.write_text(f"# Benchmark, {args.size} size, target {args.target}\n\n"
+                           "Counted from the scheduled TIR (no GPU timing); regenerate with\n"
+                           f"`python scripts/bench.py --size {args.size} --md {args.md}`.\n\n"
+                           + table)
+    print(table)
+    failed = [w["name"] for w in result["workloads"] for r in w["pipelines"].values()
+              if "error" in r or r["ok"] is False]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""The ``tvm-stitch`` command line: ``demo``, ``verify`` and ``workloads``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import analysis, pipeline, verify, workloads
+from .target import DEFAULT_TARGET
+from .workloads.__main__ import format_table
+
+DEMO_WORKLOAD = "bert_layer"
+
+
+def demo(workload: str, size: str, target: str, seed: int) -> int:
+    """Compile a bundled workload with every available flow, run each on the SIMT runner,
+    check it against onnxruntime and print the side-by-side report. Returns the exit code."""
+    model = workloads.get(workload).model(size)
+    print(f"workload {workload} ({size}: {workloads.get(workload).sizes[size]}), target {target}")
+    all_ok = True
+    for flow in pipeline.available_flows():
+        scheduled = verify.compile_model(model, flow, target)
+        report = analysis.analyze(scheduled)
+        check = verify.run_simt(scheduled, model, seed)
+        all_ok &= check.ok
+        print(f"\n== {flow} ==")
+        print(report.render())
+        verdict = "matches" if check.ok else "DOES NOT match"
+        print(f"SIMT run {verdict} onnxruntime (max abs err {check.max_abs_err:.2e})")
+    return 0 if all_ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``tvm-stitch`` console script."""
+    parser = argparse.ArgumentParser(prog="tvm-stitch", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p_demo = sub.add_parser("demo", help="compile a bundled model with each flow and report")
+    p_demo.add_argument("--workload", default=DEMO_WORKLOAD, choices=workloads.names())
+    p_demo.add_argument("--size", default="ci", choices=["ci", "real"])
+    p_demo.add_argument("--target", default=DEFAULT_TARGET)
+    p_demo.add_argument("--seed", type=int, default=0)
+
+    p_verify = sub.add_parser("verify", help="check a model against onnxruntime, print JSON")
+    verify.add_arguments(p_verify)
+
+    sub.add_parser("workloads", help="list the workload zoo")
+
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        if args.size == "real":
+            print("note: real size runs the SIMT emulation on the CPU and can take minutes")
+        return demo(args.workload, args.size, args.target, args.seed)
+    if args.command == "verify":
+        return verify.run(args)
+    print(format_table())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
