@@ -31,12 +31,37 @@ class BufferArg:
 
 
 @dataclass(frozen=True)
+class WorkspaceArg:
+    """A kernel argument that is the data pointer of host-allocated workspace ``index``: a
+    global-memory intermediate that TVM passes between the kernels of one PrimFunc."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """A global buffer the host allocates for the duration of the call."""
+
+    dtype: str
+    shape: tuple[tvm.ir.PrimExpr, ...]
+
+
+@dataclass(frozen=True)
 class KernelLaunch:
     """One kernel call made by the host function, with symbolic arguments and extents."""
 
     kernel: str
-    args: tuple[BufferArg | tvm.ir.PrimExpr, ...]
+    args: tuple[BufferArg | WorkspaceArg | tvm.ir.PrimExpr, ...]
     launch: tuple[tuple[str, tvm.ir.PrimExpr], ...]
+
+    def geometry(self, ana: Analyzer) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+        """Blocks per grid and threads per block, (x, y, z) each, under ``ana``'s bindings."""
+        grid, block = [1, 1, 1], [1, 1, 1]
+        for tag, extent in self.launch:
+            scope, _, axis = tag.partition(".")
+            value = evaluate_int(ana, extent, f"{self.kernel} extent of {tag}")
+            (grid if scope == "blockIdx" else block)["xyz".index(axis)] = value
+        return (grid[0], grid[1], grid[2]), (block[0], block[1], block[2])
 
 
 @dataclass
@@ -47,6 +72,7 @@ class LoweredFunc:
     params: list[tvm.ir.Var]
     binds: list[tuple[tvm.ir.Var, tvm.ir.PrimExpr]]
     launches: list[KernelLaunch]
+    workspaces: list[Workspace]
     device: IRModule
     target: Target
     _source: str | None = field(default=None, repr=False)
@@ -151,24 +177,30 @@ def lower(func: tirx.PrimFunc, name: str, target: Target, vectorize: bool = True
         raise LoweringError(f"{name}: kernels for several device targets")
     device = finalize_device()(next(iter(devices.values()))) if devices else IRModule({})
     host = capture.module[name]
-    binds, launches = _read_host(host, name, device)
-    return LoweredFunc(name, list(host.params), binds, launches, device, target)
+    binds, launches, workspaces = _read_host(host, name, device)
+    return LoweredFunc(name, list(host.params), binds, launches, workspaces, device, target)
 
 
 def _read_host(host: tirx.PrimFunc, name: str, device: IRModule
-               ) -> tuple[list[tuple[tvm.ir.Var, tvm.ir.PrimExpr]], list[KernelLaunch]]:
-    """Read the host body: let-style bindings and kernel calls, in program order."""
+               ) -> tuple[list[tuple[tvm.ir.Var, tvm.ir.PrimExpr]], list[KernelLaunch],
+                          list[Workspace]]:
+    """Read the host body: bindings, workspace allocations and kernel calls, in order."""
     binds: list[tuple[tvm.ir.Var, tvm.ir.PrimExpr]] = []
     launches: list[KernelLaunch] = []
+    workspaces: list[Workspace] = []
+    workspace_vars: list[tvm.ir.Var] = []
     buffer_params = [p for p in host.params if _is_buffer_param(p)]
     aliases: list[tuple[tvm.ir.Var, tvm.ir.PrimExpr]] = []  # declared buffer -> its data
 
-    def argument(expr: tvm.ir.PrimExpr) -> BufferArg | tvm.ir.PrimExpr:
+    def argument(expr: tvm.ir.PrimExpr) -> BufferArg | WorkspaceArg | tvm.ir.PrimExpr:
         while isinstance(expr, tvm.ir.Call) and expr.op.name == "tirx.buffer_data":
             buf = expr.args[0]
             for i, p in enumerate(buffer_params):
                 if p.same_as(buf):
                     return BufferArg(i)
+            for i, w in enumerate(workspace_vars):
+                if w.same_as(buf):
+                    return WorkspaceArg(i)
             source = next((data for var, data in aliases if var.same_as(buf)), None)
             if source is None:
                 raise LoweringError(f"{name}: kernel argument {expr} is not a parameter's data")
@@ -183,6 +215,9 @@ def _read_host(host: tirx.PrimFunc, name: str, device: IRModule
             binds.append((stmt.var, stmt.value))
         elif isinstance(stmt, tirx.DeclBuffer):
             aliases.append((stmt.buffer, stmt.data))
+        elif isinstance(stmt, tirx.AllocBuffer) and stmt.buffer.scope() == "global":
+            workspace_vars.append(stmt.buffer)
+            workspaces.append(Workspace(str(stmt.buffer.dtype), tuple(stmt.buffer.shape)))
         elif isinstance(stmt, tirx.AssertStmt):
             pass  # argument checks; the launcher checks shapes and dtypes itself
         elif isinstance(stmt, tirx.AttrStmt):
@@ -208,4 +243,4 @@ def _read_host(host: tirx.PrimFunc, name: str, device: IRModule
             )
 
     visit(host.body)
-    return binds, launches
+    return binds, launches, workspaces

@@ -188,3 +188,32 @@ def test_int32_index_type() -> None:
     b = np.zeros_like(a)
     f(a, b)
     np.testing.assert_array_equal(b, a + 1)
+
+
+@I.ir_module
+class TwoOutputs:
+    @T.prim_func(s_tir=True)
+    def plus_minus(a: T.Buffer((64,), "float32"), p: T.Buffer((64,), "float32"),
+                   m: T.Buffer((64,), "float32")):
+        for tx in T.thread_binding(64, thread="threadIdx.x"):
+            with T.sblock("pm"):
+                vi = T.axis.spatial(64, tx)
+                p[vi] = a[vi] + T.float32(1)
+                m[vi] = a[vi] - T.float32(1)
+
+    @R.function
+    def main(x: R.Tensor((64,), "float32")):
+        cls = TwoOutputs
+        with R.dataflow():
+            y = R.call_tir(cls.plus_minus, (x,), out_ty=[R.Tensor((64,), "float32"),
+                                                          R.Tensor((64,), "float32")])
+            z = R.multiply(y[0], y[1])
+            R.output(z)
+        return z
+
+
+def test_call_tir_with_several_outputs() -> None:
+    scheduled = pipeline.lower(TwoOutputs, "cuda", "baseline")
+    x = np.random.default_rng(3).standard_normal(64, dtype=np.float32)
+    (out,) = SimtModule(scheduled)(x)
+    np.testing.assert_allclose(out, (x + 1) * (x - 1), rtol=1e-6)

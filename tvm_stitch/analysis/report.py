@@ -20,7 +20,15 @@ from tvm.ir import IRModule
 from tvm.sym import Analyzer
 from tvm.target import Target
 
-from ..lowering import BufferArg, LoweredFunc, LoweringError, evaluate_int, lower, scalar_dtype
+from ..lowering import (
+    BufferArg,
+    LoweredFunc,
+    LoweringError,
+    WorkspaceArg,
+    evaluate_int,
+    lower,
+    scalar_dtype,
+)
 from ..target import parse_target
 from .classify import has_contraction
 from .ptxas import KernelResources, lowered_resources
@@ -29,7 +37,7 @@ from .traffic import AnalysisError, KernelTraffic, bytes_per_access, count_traff
 
 _CALL_TIR = ("relax.call_tir", "relax.call_tir_with_grad", "relax.call_tir_inplace")
 _LIBRARY_CALLS = ("relax.call_dps_packed",)
-_AXES = "xyz"
+_SYMBOLIC_HINT = "pass the input shapes of symbolic dimensions"
 
 Shapes = Mapping[str, Sequence[int]] | Sequence[Sequence[int]]
 
@@ -228,20 +236,19 @@ class _Lowered:
         reports = []
         for launch in self.func.launches:
             what = f"{self.func.name}/{launch.kernel}"
-            grid, block = [1, 1, 1], [1, 1, 1]
-            for tag, extent in launch.launch:
-                scope, _, axis = tag.partition(".")
-                value = _integer(host, extent, f"{what} extent of {tag}")
-                (grid if scope == "blockIdx" else block)[_AXES.index(axis)] = value
+            try:
+                grid, block = launch.geometry(host)
+            except LoweringError as err:
+                raise AnalysisError(f"{err}; {_SYMBOLIC_HINT}") from None
             kernel = self.func.kernel(launch.kernel)
             ana = Analyzer()
             for param, arg in zip(kernel.params, launch.args, strict=True):
-                if not isinstance(arg, BufferArg):
+                if not isinstance(arg, BufferArg | WorkspaceArg):
                     value = _integer(host, arg, f"{what} argument {param.name}")
                     ana.bind(param, tirx.IntImm(scalar_dtype(param), value))
             traffic = count_traffic(kernel, ana, exact_guards, name=what)
             res = None if self.resources is None else self.resources.get(launch.kernel)
-            reports.append(KernelReport(launch.kernel, self.func.name, tuple(grid), tuple(block),
+            reports.append(KernelReport(launch.kernel, self.func.name, grid, block,
                                         traffic, self.memory_intensive, res))
         return reports
 
@@ -252,7 +259,7 @@ def _integer(ana: Analyzer, expr: tvm.ir.PrimExpr | int, what: str) -> int:
     try:
         return evaluate_int(ana, expr, what)
     except LoweringError as err:
-        raise AnalysisError(f"{err}; pass the input shapes of symbolic dimensions") from None
+        raise AnalysisError(f"{err}; {_SYMBOLIC_HINT}") from None
 
 
 class _Lowerer:

@@ -9,16 +9,23 @@ barrier or a wrong index gives wrong numbers here just as it would on a GPU.
 from __future__ import annotations
 
 import functools
+import math
 import re
 
 import numpy as np
 import pyopencl as cl
 from tvm import tirx
 
-from ..lowering import BufferArg, LoweredFunc, LoweringError, evaluate_int, lower, scalar_dtype
+from ..lowering import (
+    BufferArg,
+    LoweredFunc,
+    LoweringError,
+    WorkspaceArg,
+    evaluate_int,
+    lower,
+    scalar_dtype,
+)
 from ..target import opencl_target
-
-_AXES = {"x": 0, "y": 1, "z": 2}
 
 
 @functools.cache
@@ -80,26 +87,29 @@ class SimtFunction:
                       hostbuf=np.ascontiguousarray(a) if a.size else np.zeros(1, a.dtype))
             for a in arrays
         ]
+        workspaces = [
+            cl.Buffer(ctx, mf.READ_WRITE, max(1, np.dtype(w.dtype).itemsize * math.prod(
+                evaluate_int(ana, d, f"{low.name} workspace size") for d in w.shape)))
+            for w in low.workspaces
+        ]
         for launch in low.launches:
             kernel = low.kernel(launch.kernel)
             cl_kernel = self._kernels[launch.kernel]
             for i, (param, arg) in enumerate(zip(kernel.params, launch.args, strict=True)):
                 if isinstance(arg, BufferArg):
                     cl_kernel.set_arg(i, cl_buffers[arg.index])
+                elif isinstance(arg, WorkspaceArg):
+                    cl_kernel.set_arg(i, workspaces[arg.index])
                 elif scalar_dtype(param).startswith(("int", "uint")):
                     value = evaluate_int(ana, arg, f"{launch.kernel} argument {param.name}")
                     cl_kernel.set_arg(i, np.dtype(scalar_dtype(param)).type(value))
                 else:
                     raise LoweringError(f"{launch.kernel}: cannot pass argument {arg}")
-            grid, group = [1, 1, 1], [1, 1, 1]
-            for tag, extent in launch.launch:
-                scope, _, axis = tag.partition(".")
-                value = evaluate_int(ana, extent, f"{launch.kernel} extent of {tag}")
-                (grid if scope == "blockIdx" else group)[_AXES[axis]] = value
+            grid, group = launch.geometry(ana)
             if 0 in grid or 0 in group:
                 continue
             global_size = tuple(g * t for g, t in zip(grid, group, strict=True))
-            cl.enqueue_nd_range_kernel(queue, cl_kernel, global_size, tuple(group))
+            cl.enqueue_nd_range_kernel(queue, cl_kernel, global_size, group)
         for a, buf in zip(arrays, cl_buffers, strict=True):
             if a.size:
                 out = np.empty_like(a, order="C")

@@ -40,9 +40,11 @@ class _CallTIRToSimt(relax.PyExprMutator):
                 f"call_tir of {gv.name_hint} passes symbolic shape arguments (tir_vars), "
                 "which the SIMT runner does not forward"
             )
-        self.num_outputs[gv.name_hint] = len(call.ty_args)
+        (out_ty,) = call.ty_args
+        out_tys = list(out_ty.fields) if isinstance(out_ty, tvm.ir.TupleType) else [out_ty]
+        self.num_outputs[gv.name_hint] = len(out_tys)
         return relax.call_dps_packed(self.packed_names[gv.name_hint], call.args[1],
-                                     list(call.ty_args))
+                                     out_tys if len(out_tys) > 1 else out_tys[0])
 
 
 class SimtModule:
