@@ -3,9 +3,34 @@
 ``import tvm_stitch`` is enough to use the compile flows:
 ``tvm_stitch.pipeline.lower(mod, "cuda", flow)`` gives the scheduled module that
 ``tvm_stitch.pipeline.build`` turns into an executable and ``tvm_stitch.simt`` runs on the CPU.
+It also registers the Relax pipeline ``"stitch"``, so that
+``tvm.compile(mod, target, relax_pipeline="stitch")`` compiles with stitching.
 """
 
-from .pipeline import available_flows, build, lower
+import tvm
+from tvm import relax
+from tvm.target import Target
+
+from .pipeline import available_flows, build, finish_passes, lower, schedule_passes
 
 __version__ = "0.1.0"
 __all__ = ["available_flows", "build", "lower", "__version__"]
+
+
+def _stitch_pipeline() -> tvm.transform.Pass:
+    """The "stitch" Relax pipeline: TVM's default CUDA pipeline with stitch fusion and
+    scheduling of the memory-intensive groups. The target is the one ``tvm.compile`` sets."""
+
+    @tvm.transform.module_pass(opt_level=0, name="StitchPipeline")
+    def _pipeline(mod: tvm.ir.IRModule, _ctx: tvm.transform.PassContext) -> tvm.ir.IRModule:
+        target = Target.current(allow_none=False)
+        with target:
+            seq = tvm.transform.Sequential(schedule_passes("stitch", target)
+                                           + finish_passes(target))
+            return seq(mod)
+
+    return _pipeline
+
+
+if "stitch" not in relax.pipeline.PIPELINE_MAP:
+    relax.pipeline.register_pipeline("stitch")(_stitch_pipeline)

@@ -19,10 +19,14 @@ from tvm.target import Target
 
 from . import baseline
 from .target import parse_target
+from .transform import fusion_passes as stitch_fusion_passes
 
 FusionPasses = Callable[[Target], list[tvm.transform.Pass]]
 
-FLOWS: dict[str, FusionPasses] = {"baseline": baseline.fusion_passes}
+FLOWS: dict[str, FusionPasses] = {
+    "baseline": baseline.fusion_passes,
+    "stitch": stitch_fusion_passes,
+}
 
 
 def available_flows() -> list[str]:

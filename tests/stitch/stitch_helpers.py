@@ -1,0 +1,121 @@
+"""Helpers of the stitch tests: compile with a flow, run on the SIMT runner, compare, nvcc."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import tvm
+from tvm import relax, tirx
+from tvm.ir import IRModule
+from tvm.relax.frontend.onnx import from_onnx
+
+from tvm_stitch import pipeline
+from tvm_stitch.lowering import lower
+from tvm_stitch.plan import GROUP_ATTR, StitchPlan
+from tvm_stitch.simt import SimtModule
+from tvm_stitch.target import cuda_target
+
+RTOL = ATOL = 1e-4
+
+
+def import_onnx(model: onnx.ModelProto) -> IRModule:
+    """The Relax module of ``model``."""
+    return from_onnx(model, keep_params_in_input=False)
+
+
+def legalized(mod: IRModule) -> IRModule:
+    """``mod`` after the passes StitchFuse expects before it (LegalizeOps and friends)."""
+    with cuda_target():
+        return tvm.transform.Sequential([
+            relax.transform.LegalizeOps(),
+            relax.transform.AnnotateTIROpPattern(),
+            relax.transform.FoldConstant(),
+        ])(mod)
+
+
+def lower_stitch(model: onnx.ModelProto, target: str | tvm.target.Target = "cuda"
+                 ) -> tuple[IRModule, StitchPlan]:
+    """The scheduled module of ``model`` with the stitch flow, and its plan."""
+    scheduled = pipeline.lower(import_onnx(model), target, flow="stitch")
+    plan = StitchPlan.of_module(scheduled)
+    assert plan is not None, "the stitch flow attaches its plan to the module"
+    return scheduled, plan
+
+
+def run_simt(model: onnx.ModelProto, scheduled: IRModule, inputs: dict[str, np.ndarray]
+             ) -> list[np.ndarray]:
+    """Run ``scheduled`` on the SIMT runner with ``inputs`` in the model's input order."""
+    args = [inputs[i.name] for i in model.graph.input if i.name in inputs]
+    return SimtModule(scheduled)(*args)
+
+
+def reference(model: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """onnxruntime's outputs for ``model``."""
+    session = ort.InferenceSession(model.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    return session.run(None, inputs)
+
+
+def assert_matches(outs: list[np.ndarray], refs: list[np.ndarray]) -> None:
+    """Every output equals onnxruntime's within RTOL/ATOL."""
+    assert len(outs) == len(refs)
+    for out, ref in zip(outs, refs, strict=True):
+        np.testing.assert_allclose(out.astype("float64"), np.asarray(ref, "float64"),
+                                   rtol=RTOL, atol=ATOL)
+
+
+def stitched_functions(scheduled: IRModule) -> dict[str, tirx.PrimFunc]:
+    """The stitched PrimFuncs of a scheduled module, by name."""
+    return {gv.name_hint: f for gv, f in scheduled.functions_items()
+            if isinstance(f, tirx.PrimFunc) and f.attrs is not None and GROUP_ATTR in f.attrs}
+
+
+def kernel_count(func: tirx.PrimFunc, name: str) -> int:
+    """Kernels one call of ``func`` launches."""
+    return len(lower(func, name, cuda_target()).launches)
+
+
+def nvcc() -> str | None:
+    """Path of nvcc, or None."""
+    return shutil.which("nvcc") or (
+        "/usr/local/bin/nvcc" if Path("/usr/local/bin/nvcc").exists() else None)
+
+
+_SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+
+
+def compile_cuda(source: str, arch: str) -> str:
+    """Compile CUDA ``source`` to a cubin for ``arch`` with ``-Xptxas -v``; returns ptxas'
+    report, raising AssertionError on a compile error."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kernels.cu"
+        path.write_text(source)
+        proc = subprocess.run([nvcc(), f"-arch={arch}", "-cubin", "-O3", "-Xptxas", "-v",
+                               "-o", str(Path(tmp) / "kernels.cubin"), str(path)],
+                              capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stderr
+
+
+def spills(report: str) -> list[tuple[int, int]]:
+    """(spill stores, spill loads) of every kernel in a ptxas report."""
+    return [(int(a), int(b)) for a, b in _SPILLS.findall(report)]
+
+
+def module_cuda_source(scheduled: IRModule, arch: str) -> str:
+    """The CUDA source of every kernel of ``scheduled``, as TVM builds it for ``arch``."""
+    executable = pipeline.build(scheduled, cuda_target(arch))
+    stack = [executable.mod]
+    while stack:
+        mod = stack.pop()
+        if mod.kind == "cuda":
+            return mod.inspect_source()
+        stack.extend(mod.imports)
+    raise AssertionError("no CUDA module in the executable")

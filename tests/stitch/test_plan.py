@@ -1,0 +1,108 @@
+"""StitchPlan on small graphs: exact groups, dominants, schemes, fallbacks and refusals."""
+
+from __future__ import annotations
+
+import json
+
+import stitch_patterns as patterns
+from stitch_helpers import lower_stitch
+
+from tvm_stitch.plan import (
+    Buffer,
+    Dominant,
+    Edge,
+    MappingKind,
+    Scheme,
+    StitchPlan,
+    StorageLevel,
+    ThreadMapping,
+)
+
+
+def _plan(name: str, *args: int) -> StitchPlan:
+    model, _ = patterns.PATTERNS[name](*args)
+    return lower_stitch(model)[1]
+
+
+def test_layer_norm_softmax_add_is_one_group_with_two_dominants() -> None:
+    plan = _plan("ln_softmax_add", 16, 64)
+    assert len(plan.groups) == 1 and not plan.fallbacks and not plan.compute
+    group = plan.groups[0]
+    assert group.ops == ("lv:layer_norm", "lv1:softmax", "gv:add")
+    assert group.outputs == ("gv:add",)
+    assert group.dominants == (
+        Dominant("lv:layer_norm", "reduction", ("lv:layer_norm",)),
+        Dominant("lv1:softmax", "reduction", ("lv1:softmax", "gv:add"), ("gv:add",)),
+    )
+    assert group.edges == (
+        Edge("lv:layer_norm", "lv1:softmax", Scheme.REGIONAL),
+        Edge("lv1:softmax", "gv:add", Scheme.LOCAL),
+    )
+    assert group.mapping == ThreadMapping(MappingKind.BLOCK_PER_ROW, 16, 64, 1, 64)
+    assert set(group.inlined) == {"T_softmax_norm", "x_mean"}
+    shared = {b.name: b for b in group.staged}
+    # the input row is staged once; the LN output and exp() are Regional intermediates
+    assert shared["x"] == Buffer("x", "input", StorageLevel.SHARED, 256,
+                                 "read at 4 places in the row")
+    assert shared["T_layer_norm_intermediate"].shared_bytes == 256
+    assert shared["T_softmax_exp"].shared_bytes == 256
+    assert group.shared_bytes <= group.shared_budget == 49152
+    assert not group.demotions
+
+
+def test_matmul_splits_clusters() -> None:
+    plan = _plan("matmul_between_layer_norms", 16, 64)
+    assert [g.ops for g in plan.groups] == [("lv:layer_norm",), ("lv2:layer_norm",)]
+    assert [c.op for c in plan.compute] == ["lv1:matmul"]
+    assert plan.refusals[0].reason == "cycle through lv1:matmul"
+
+
+def test_merge_that_would_form_a_cycle_is_refused() -> None:
+    # LN1 feeds the matmul and, as a residual, its epilogue: LN1 and LN2 have one row space
+    # and no direct edge, but stitching them together would put the matmul inside a cycle.
+    plan = _plan("residual_cycle", 16, 64)
+    assert [g.ops for g in plan.groups] == [("lv:layer_norm",), ("lv3:layer_norm",)]
+    assert [(c.op, c.epilogue) for c in plan.compute] == [("lv1:matmul", ("lv2:add",))]
+    (refusal,) = plan.refusals
+    assert (refusal.first, refusal.second) == ("{lv:layer_norm}", "{lv3:layer_norm}")
+    assert refusal.reason == "cycle through lv1:matmul"
+
+
+def test_unconnected_groups_of_one_row_space_are_stitched_remotely() -> None:
+    plan = _plan("two_layer_norms", 16, 64)
+    (group,) = plan.groups
+    assert group.ops == ("lv:layer_norm", "lv1:layer_norm")
+    assert [d.op for d in group.dominants] == ["lv:layer_norm", "lv1:layer_norm"]
+    assert group.edges == (Edge("lv:layer_norm", "lv1:layer_norm", Scheme.INDEPENDENT),)
+
+
+def test_unsupported_pattern_falls_back_with_its_reason() -> None:
+    plan = _plan("column_mean_center", 16, 64)
+    assert not plan.groups
+    (fallback,) = plan.fallbacks
+    # the subtraction FuseOps fuses with the column mean falls back with it
+    assert fallback.ops == ("lv:mean", "gv:subtract")
+    assert fallback.reason == (
+        "column or window reduction (block x_red reduces x over an outer axis): needs the "
+        "column mapping and Global stitching (next issue)")
+
+
+def test_element_wise_group_is_flat_and_keeps_reused_values_in_registers() -> None:
+    plan = _plan("adam_update", 16, 64)
+    (group,) = plan.groups
+    assert group.mapping == ThreadMapping(MappingKind.FLAT, 1024, 1, 256, 1)
+    assert len(group.outputs) == 3
+    assert {b.level for b in group.buffers} == {StorageLevel.REGISTER}
+    assert group.shared_bytes == 0
+
+
+def test_plan_round_trips_through_json_and_prints() -> None:
+    plan = _plan("ln_softmax_add", 16, 64)
+    data = json.loads(plan.to_json())
+    assert data["groups"][0]["edges"][0]["scheme"] == "regional"
+    assert StitchPlan.from_json(plan.to_json()) == plan
+    assert StitchPlan.from_dict(plan.to_dict()) == plan
+    text = str(plan)
+    assert "dominant lv1:softmax (reduction)" in text
+    assert "edge lv:layer_norm -> lv1:softmax: regional" in text
+    assert "mapping block-per-row: 16 rows x 64" in text

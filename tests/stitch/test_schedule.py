@@ -1,0 +1,105 @@
+"""Thread mapping choices, the shared-memory budget and its demotions, schedule fallbacks."""
+
+from __future__ import annotations
+
+import pytest
+import stitch_patterns as patterns
+import tvm
+from stitch_helpers import (
+    assert_matches,
+    kernel_count,
+    lower_stitch,
+    reference,
+    run_simt,
+    stitched_functions,
+)
+
+import tvm_stitch.schedule.decisions as decide_module
+from tvm_stitch.plan import MappingKind, StorageLevel
+from tvm_stitch.schedule.mapping import NUM_SMS, flat_mapping, row_mapping
+
+
+@pytest.mark.parametrize(("rows", "length", "kind", "rows_per_block", "threads"), [
+    (8192, 768, MappingKind.BLOCK_PER_ROW, 1, 256),  # long rows: a block of ~4 elements/thread
+    (8192, 4096, MappingKind.BLOCK_PER_ROW, 1, 1024),
+    (128, 768, MappingKind.BLOCK_PER_ROW, 1, 1024),  # few rows: more threads per row
+    (750000, 32, MappingKind.WARP_PER_ROW, 8, 32),  # short rows: a warp each, 8 per block
+    (2000, 32, MappingKind.WARP_PER_ROW, 8, 32),
+    (100000, 8, MappingKind.WARP_PER_ROW, 32, 8),  # a sub-warp per very short row
+    (64, 256, MappingKind.BLOCK_PER_ROW, 1, 256),  # too few rows for a warp each
+])
+def test_row_mapping(rows: int, length: int, kind: MappingKind, rows_per_block: int,
+                     threads: int) -> None:
+    mapping = row_mapping(rows, length, rows)
+    assert (mapping.kind, mapping.rows_per_block, mapping.threads_per_row) == (
+        kind, rows_per_block, threads)
+    assert mapping.threads_per_block <= 1024
+
+
+def test_packing_keeps_a_block_per_sm_and_divides_the_rows() -> None:
+    assert row_mapping(NUM_SMS * 2, 32, NUM_SMS * 2).rows_per_block == 2
+    assert row_mapping(3000, 32, 3).rows_per_block == 1  # 3000 rows = 3 x 1000: no 2 or 4
+
+
+def test_flat_mapping() -> None:
+    assert flat_mapping(1 << 20).rows_per_block == 256
+    assert flat_mapping(40).rows_per_block == 64
+
+
+def test_over_budget_demotes_and_stays_correct() -> None:
+    model, inputs = patterns.ln_softmax_add(16, 768)
+    small = tvm.target.Target({"kind": "cuda", "arch": "sm_80", "max_num_threads": 1024,
+                               "max_threads_per_block": 1024, "thread_warp_size": 32,
+                               "max_shared_memory_per_block": 4096})
+    scheduled, plan = lower_stitch(model, small)
+    (group,) = plan.groups
+    assert group.shared_budget == 4096 and group.shared_bytes <= 4096
+    assert group.demotions[0].startswith("input x re-read from global memory")
+    assert any("recomputed by its readers" in d for d in group.demotions)
+    x = next(b for b in group.buffers if b.name == "x")
+    assert x.level is StorageLevel.GLOBAL
+    assert_matches(run_simt(model, scheduled, inputs), reference(model, inputs))
+
+
+def test_schedule_failure_falls_back_to_tvm(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = decide_module.emit
+
+    def failing(func, group):
+        if any("softmax" in op for op in group.ops):
+            raise RuntimeError("no schedule for you")
+        return real(func, group)
+
+    monkeypatch.setattr(decide_module, "emit", failing)
+    model, inputs = patterns.ln_softmax_add(16, 64)
+    scheduled, plan = lower_stitch(model)
+    assert not plan.groups
+    (fallback,) = plan.fallbacks
+    assert fallback.ops == ("lv:layer_norm", "lv1:softmax", "gv:add")
+    assert fallback.reason == "scheduling failed: no schedule for you"
+    assert_matches(run_simt(model, scheduled, inputs), reference(model, inputs))
+
+
+def test_broadcast_multiply_sum_is_stitched() -> None:
+    # the attention-score pattern on which dlight's GEMV rule can assert
+    model, inputs = patterns.broadcast_mul_sum()
+    scheduled, plan = lower_stitch(model)
+    (group,) = plan.groups
+    assert group.ops == ("lv:multiply", "gv:sum")
+    (func,) = stitched_functions(scheduled).items()
+    assert kernel_count(func[1], func[0]) == 1
+    assert_matches(run_simt(model, scheduled, inputs), reference(model, inputs))
+
+
+def test_grouping_error_gives_up_stitching_not_the_compile(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import tvm_stitch.transform.stitch_fuse as stitch_fuse
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("unexpected IR")
+
+    monkeypatch.setattr(stitch_fuse, "draft_plan", broken)
+    model, inputs = patterns.ln_softmax_add(16, 64)
+    scheduled, plan = lower_stitch(model)
+    assert not plan.groups
+    assert plan.notes == ("stitching gave up (RuntimeError: unexpected IR): TVM's fusion only",)
+    assert_matches(run_simt(model, scheduled, inputs), reference(model, inputs))

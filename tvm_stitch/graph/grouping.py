@@ -1,0 +1,279 @@
+"""Grouping (AStitch section 4): memory-intensive clusters between compute-intensive ops.
+
+1. Compute-intensive ops (matmul, conv, opaque) keep TVM's path, together with what TVM's
+   FuseOps fuses with them (their epilogue): taking it away would add a kernel and a round
+   trip through DRAM compared with TVM.
+2. Memory-intensive ops merge along their dataflow edges into clusters, as long as the
+   cluster stays convex (no path leaves it and comes back: that would be a cycle between
+   kernels) and keeps one row space (the kernel maps threads to rows of one size).
+3. Unconnected clusters with the same row space merge when no cycle forms (remote stitching).
+
+Ops that are memory-intensive but cannot be stitched (a column reduction, a symbolic shape,
+several outputs, ...) are left out with their reason, together with what FuseOps fuses with
+them, and go through TVM's FuseOps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..plan import ComputeOp, Fallback, Refusal
+from .dataflow import DataflowGraph, Node
+from .ops import OpKind
+
+FEW_ROWS_SMS = 132
+"""Streaming multiprocessors assumed when judging whether a reduction has too few rows (H200)."""
+
+LONG_ROW = 16384
+"""Row length above which a reduction with few rows needs task splitting (next issue)."""
+
+
+@dataclass
+class _Cluster:
+    members: int  # bit set of node indices
+    rows: int | None  # row count of its reductions, None while it has none
+    row_counts: frozenset[int]  # row counts every op's output can be split into
+
+    @property
+    def first(self) -> int:
+        """Index of its first node (topological order)."""
+        return (self.members & -self.members).bit_length() - 1
+
+
+class _Quotient:
+    """The graph of clusters: every node in its own unit until clusters merge. Merging two
+    units is legal when no path leads from one to the other through a third unit (that path
+    would become a cycle between kernels)."""
+
+    def __init__(self, graph: DataflowGraph) -> None:
+        self.graph = graph
+        self.owner = list(range(len(graph.nodes)))
+        self.members = {i: 1 << i for i in range(len(graph.nodes))}
+
+    def find(self, i: int) -> int:
+        """The unit node ``i`` belongs to."""
+        while self.owner[i] != i:
+            self.owner[i] = self.owner[self.owner[i]]
+            i = self.owner[i]
+        return i
+
+    def union(self, a: int, b: int) -> None:
+        """Merge unit ``b`` into unit ``a``."""
+        self.owner[b] = a
+        self.members[a] |= self.members.pop(b)
+
+    def successors(self, unit: int) -> set[int]:
+        """Units that read a result of ``unit``."""
+        out = set()
+        mask = self.members[unit]
+        while mask:
+            low = mask & -mask
+            i = low.bit_length() - 1
+            mask ^= low
+            out.update(self.find(c) for c in self.graph.nodes[i].consumers)
+        out.discard(unit)
+        return out
+
+    def detour(self, a: int, b: int) -> int | None:
+        """The first node of a path from unit ``a`` to unit ``b`` through a third unit, or
+        None when there is no such path."""
+        last = self.members[b].bit_length() - 1
+        for start in sorted(self.successors(a) - {b}, key=self.first):
+            if self._reaches(start, b, last):
+                return self.first(start)
+        return None
+
+    def first(self, unit: int) -> int:
+        """Index of the first node of ``unit`` (topological order)."""
+        mask = self.members[unit]
+        return (mask & -mask).bit_length() - 1
+
+    def _reaches(self, start: int, b: int, last: int) -> bool:
+        seen, stack = {start}, [start]
+        while stack:
+            u = stack.pop()
+            if self.first(u) > last:
+                continue  # topologically after all of b: cannot lead to b
+            succ = self.successors(u)
+            if b in succ:
+                return True
+            for v in succ - seen:
+                seen.add(v)
+                stack.append(v)
+        return False
+
+
+@dataclass
+class OpGroup:
+    """A group of ops of one dataflow block that will become one kernel."""
+
+    graph: DataflowGraph
+    members: tuple[int, ...]
+    rows: int | None
+
+    @property
+    def nodes(self) -> list[Node]:
+        """The member nodes in topological order."""
+        return [self.graph.nodes[i] for i in self.members]
+
+
+@dataclass
+class Grouping:
+    """The outcome of grouping one dataflow block."""
+
+    groups: list[OpGroup] = field(default_factory=list)
+    fallbacks: list[Fallback] = field(default_factory=list)
+    compute: list[ComputeOp] = field(default_factory=list)
+    refusals: list[Refusal] = field(default_factory=list)
+
+
+def group_ops(graph: DataflowGraph, excluded: dict[str, str] | None = None,
+              tvm_groups: list[frozenset[int]] | None = None) -> Grouping:
+    """Group the memory-intensive ops of ``graph``.
+
+    ``excluded`` maps op names to a reason they must fall back (e.g. the scheduler could not
+    map their group); such ops are treated like unsupported ones. ``tvm_groups`` are the
+    node indices TVM's FuseOps fuses together (``tvm_fusion.resolve``): what FuseOps fuses
+    with a compute op or an op that falls back stays with it on TVM's path.
+    """
+    excluded = excluded or {}
+    tvm_groups = tvm_groups or []
+    result = Grouping()
+    candidates: set[int] = set()
+    reasons: dict[int, str] = {}
+    for node in graph.nodes:
+        info = node.info
+        if info is None:
+            continue
+        reason = excluded.get(node.name) or info.unsupported or _too_few_rows(node)
+        if reason:
+            reasons[node.index] = reason
+        elif info.kind.memory_intensive:
+            candidates.add(node.index)
+    for node in graph.nodes:
+        kept = node.index in reasons or (node.info is not None
+                                         and not node.info.kind.memory_intensive)
+        if not kept:
+            continue
+        region = next((g for g in tvm_groups if node.index in g), frozenset())
+        partners = sorted(i for i in region if i in candidates and i != node.index)
+        candidates.difference_update(partners)
+        labels = tuple(graph.nodes[i].label for i in partners)
+        if node.index in reasons:
+            result.fallbacks.append(Fallback((node.label, *labels), reasons[node.index]))
+        else:
+            detail = node.info.detail or node.info.kind.value
+            result.compute.append(ComputeOp(node.label, detail, labels))
+    clusters = {i: _singleton(graph.nodes[i]) for i in sorted(candidates)}
+    quotient = _Quotient(graph)
+    for node in graph.nodes:
+        if node.index not in candidates:
+            continue
+        for p in node.producers:
+            if p not in candidates:
+                continue
+            a, b = quotient.find(p), quotient.find(node.index)
+            if a == b:
+                continue
+            merged, why = _merge(quotient, clusters[a], clusters[b], a, b)
+            if merged is None:
+                if why.startswith("cycle"):
+                    result.refusals.append(Refusal(_describe(graph, clusters[a]),
+                                                   _describe(graph, clusters[b]), why))
+                continue
+            quotient.union(a, b)
+            clusters[a] = merged
+            del clusters[b]
+    _merge_remote(graph, quotient, clusters, result)
+    for key in sorted(clusters, key=lambda k: clusters[k].first):
+        c = clusters[key]
+        members = tuple(i for i in range(len(graph.nodes)) if c.members >> i & 1)
+        nodes = [graph.nodes[i] for i in members]
+        if len(nodes) == 1 and nodes[0].info.kind is not OpKind.ROW_REDUCE:
+            result.fallbacks.append(Fallback((nodes[0].label,),
+                                             "a single injective op: nothing to stitch"))
+            continue
+        result.groups.append(OpGroup(graph, members, c.rows))
+    return result
+
+
+
+def _too_few_rows(node: Node) -> str:
+    info = node.info
+    if info.kind is OpKind.ROW_REDUCE and info.rows < FEW_ROWS_SMS // 4 \
+            and info.row_length > LONG_ROW:
+        return (f"{info.rows} row(s) of {info.row_length}: needs task splitting over several "
+                "blocks (next issue)")
+    return ""
+
+
+def _singleton(node: Node) -> _Cluster:
+    info = node.info
+    rows = info.rows if info.kind is OpKind.ROW_REDUCE else None
+    return _Cluster(1 << node.index, rows, info.row_counts)
+
+
+def output_sizes(graph: DataflowGraph, members: int) -> set[int]:
+    """Sizes of the results that members of the bit set ``members`` pass out of it."""
+    sizes = set()
+    for node in graph.nodes:
+        if members >> node.index & 1 and (
+                node.escapes or any(not members >> c & 1 for c in node.consumers)):
+            sizes.add(node.info.out_size)
+    return sizes
+
+
+def _merge(quotient: _Quotient, a: _Cluster, b: _Cluster, ua: int, ub: int
+           ) -> tuple[_Cluster | None, str]:
+    """Clusters ``a`` (unit ``ua``) and ``b`` (unit ``ub``) merged, or None and why not."""
+    rows = a.rows if a.rows is not None else b.rows
+    if a.rows is not None and b.rows is not None and a.rows != b.rows:
+        return None, f"different row counts ({a.rows} and {b.rows})"
+    counts = a.row_counts & b.row_counts
+    if rows is None:
+        if len(output_sizes(quotient.graph, a.members | b.members)) != 1:
+            return None, "element-wise outputs of different sizes"
+    elif rows not in counts:
+        return None, f"an op cannot be split into {rows} rows"
+    for x, y in ((ua, ub), (ub, ua)):
+        through = quotient.detour(x, y)
+        if through is not None:
+            return None, f"cycle through {quotient.graph.nodes[through].label}"
+    return _Cluster(a.members | b.members, rows, counts), ""
+
+
+def _emittable(c: _Cluster) -> bool:
+    if c.rows is not None:
+        return True
+    return c.members & (c.members - 1) != 0
+
+
+def _merge_remote(graph: DataflowGraph, quotient: _Quotient, clusters: dict[int, _Cluster],
+                  result: Grouping) -> None:
+    """Remote stitching: merge unconnected clusters of one row space when no cycle forms."""
+    keys = sorted((k for k in clusters if _emittable(clusters[k])),
+                  key=lambda k: clusters[k].first)
+    refused: set[int] = set()
+    for i, a in enumerate(keys):
+        if a not in clusters:
+            continue
+        for b in keys[i + 1:]:
+            if b not in clusters:
+                continue
+            ca, cb = clusters[a], clusters[b]
+            if ca.rows != cb.rows:
+                continue
+            merged, why = _merge(quotient, ca, cb, a, b)
+            if merged is None:
+                if why.startswith("cycle") and b not in refused:
+                    refused.add(b)
+                    result.refusals.append(Refusal(_describe(graph, ca), _describe(graph, cb),
+                                                   why))
+                continue
+            quotient.union(a, b)
+            clusters[a] = merged
+            del clusters[b]
+
+
+def _describe(graph: DataflowGraph, c: _Cluster) -> str:
+    return "{" + ", ".join(n.label for n in graph.nodes if c.members >> n.index & 1) + "}"

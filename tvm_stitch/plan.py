@@ -1,0 +1,327 @@
+"""StitchPlan: what the stitch pass decided for a module, as plain data.
+
+The grouping pass (``tvm_stitch.transform.StitchFuse``) builds a plan; the scheduler
+(``tvm_stitch.schedule``) applies it; ``verify``/``bench``/reports print it. A plan says, for
+every memory-intensive region of the model, which ops form one kernel (a group), which of them
+are dominants (the ops whose thread mapping the group follows), how each producer -> consumer
+edge is stitched (scheme), how threads map to rows, what is staged in shared memory, and what
+fell back to TVM's own fusion and why.
+
+Everything here is frozen and JSON-serialisable (``to_dict``/``from_dict``), so a plan can be
+attached to a module (``attach``/``of_module``) and survive TVM's passes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from enum import Enum, StrEnum
+from typing import Any
+
+from tvm.ir import IRModule
+
+MODULE_ATTR = "stitch_plan"
+"""Name of the IRModule attribute that carries the plan as JSON."""
+
+GROUP_ATTR = "stitch.group"
+"""Name of the PrimFunc attribute that marks a stitched kernel with its group id."""
+
+
+class Scheme(StrEnum):
+    """How a producer's result reaches its consumer inside one kernel (AStitch, Table 1)."""
+
+    INDEPENDENT = "independent"  # no dependence: remote stitching of unconnected parts
+    LOCAL = "local"  # one-to-one: the same thread, kept in registers (inlined)
+    REGIONAL = "regional"  # one-to-many inside a thread block: shared memory + barrier
+    GLOBAL = "global"  # across thread blocks: global memory + grid barrier
+
+
+class MappingKind(StrEnum):
+    """How the threads of a kernel are laid over its work."""
+
+    BLOCK_PER_ROW = "block-per-row"  # one thread block reduces one long row
+    WARP_PER_ROW = "warp-per-row"  # a warp (or sub-warp) per short row, rows packed per block
+    FLAT = "flat"  # no reduction: one element per thread
+
+
+class StorageLevel(StrEnum):
+    """Where an intermediate or a staged input of a group lives."""
+
+    REGISTER = "register"  # inlined into its consumer (Local)
+    SHARED = "shared"  # staged in shared memory (Regional)
+    GLOBAL = "global"  # read from / kept in global memory (demoted or not staged)
+
+
+@dataclass(frozen=True)
+class ThreadMapping:
+    """Thread mapping of a group: ``rows`` tasks of ``row_length`` elements each.
+
+    A thread block holds ``rows_per_block`` rows at a time (threadIdx.y, horizontal packing)
+    with ``threads_per_row`` threads on each (threadIdx.x), and walks ``row_steps`` such
+    groups of rows in sequence (vertical packing). For a FLAT mapping a row is one element
+    and ``rows_per_block`` elements run on threadIdx.x.
+    """
+
+    kind: MappingKind
+    rows: int
+    row_length: int
+    rows_per_block: int
+    threads_per_row: int
+    row_steps: int = 1
+
+    @property
+    def threads_per_block(self) -> int:
+        """Threads in one thread block."""
+        if self.kind is MappingKind.FLAT:
+            return self.rows_per_block
+        return self.rows_per_block * self.threads_per_row
+
+    @property
+    def blocks(self) -> int:
+        """Thread blocks in the grid."""
+        return -(-self.rows // (self.rows_per_block * self.row_steps))
+
+    def __str__(self) -> str:
+        if self.kind is MappingKind.FLAT:
+            return (f"flat: {self.rows} elements, {self.rows_per_block} threads per block, "
+                    f"{self.blocks} blocks")
+        steps = f", {self.row_steps} rows in sequence" if self.row_steps > 1 else ""
+        return (f"{self.kind.value}: {self.rows} rows x {self.row_length}, "
+                f"{self.rows_per_block} row(s) x {self.threads_per_row} threads per block"
+                f"{steps}, {self.blocks} blocks")
+
+
+@dataclass(frozen=True)
+class Edge:
+    """A producer -> consumer dependence between two ops of a group, and its scheme."""
+
+    producer: str
+    consumer: str
+    scheme: Scheme
+
+
+@dataclass(frozen=True)
+class Dominant:
+    """A dominant op, the ops it absorbs through Local edges, and its sub-dominants.
+
+    ``kind`` is why the op is a dominant: ``reduction``, ``expensive`` (an expensive
+    element-wise op feeding a broadcast) or ``output`` (its result leaves the group).
+    """
+
+    op: str
+    kind: str
+    members: tuple[str, ...]
+    sub_dominants: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A buffer of a stitched kernel: where it lives, its shared bytes per block, and why.
+
+    ``block`` names the TIR block that writes an intermediate (buffer names may repeat in a
+    fused PrimFunc, block names do not). ``per_block`` marks an input staged once per thread
+    block and shared by all the rows the block handles (a bias, a scale, a mask row).
+    """
+
+    name: str
+    role: str  # "input" (a kernel input), "intermediate", or "output" (written out, reused)
+    level: StorageLevel
+    shared_bytes: int = 0
+    note: str = ""
+    block: str = ""
+    per_block: bool = False
+
+
+@dataclass(frozen=True)
+class Group:
+    """One stitched kernel: a set of Relax ops fused into one PrimFunc and its schedule.
+
+    ``function`` is the fused PrimFunc's name once the plan is applied. ``inlined`` lists the
+    TIR blocks computed in registers inside their consumers (Local); ``buffers`` lists every
+    intermediate kept in shared memory and every input staged there (Regional), plus what was
+    demoted to global memory to fit ``shared_budget``.
+    """
+
+    id: int
+    ops: tuple[str, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    dominants: tuple[Dominant, ...]
+    edges: tuple[Edge, ...]
+    function: str = ""
+    mapping: ThreadMapping | None = None
+    inlined: tuple[str, ...] = ()
+    buffers: tuple[Buffer, ...] = ()
+    shared_bytes: int = 0
+    shared_budget: int = 0
+    demotions: tuple[str, ...] = ()
+
+    @property
+    def staged(self) -> tuple[Buffer, ...]:
+        """Buffers kept in shared memory."""
+        return tuple(b for b in self.buffers if b.level is StorageLevel.SHARED)
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """Ops left to TVM's own FuseOps/FuseTIR and dlight rules, with the reason."""
+
+    ops: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class ComputeOp:
+    """A compute-intensive op on TVM's default path, with the epilogue TVM fuses into it."""
+
+    op: str
+    kind: str
+    epilogue: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A merge of two groups that the grouping refused, and why."""
+
+    first: str
+    second: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class StitchPlan:
+    """All decisions of the stitch pass for one module."""
+
+    groups: tuple[Group, ...] = ()
+    fallbacks: tuple[Fallback, ...] = ()
+    compute: tuple[ComputeOp, ...] = ()
+    refusals: tuple[Refusal, ...] = ()
+    notes: tuple[str, ...] = field(default=())
+
+    def group(self, group_id: int) -> Group:
+        """The group with id ``group_id``."""
+        for g in self.groups:
+            if g.id == group_id:
+                return g
+        raise KeyError(f"no group {group_id} in the plan")
+
+    def group_of(self, op: str) -> Group | None:
+        """The group that contains ``op``, or None."""
+        return next((g for g in self.groups if op in g.ops), None)
+
+    def fallback_of(self, op: str) -> Fallback | None:
+        """The fallback entry that contains ``op``, or None."""
+        return next((f for f in self.fallbacks if op in f.ops), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-compatible dict (enums as their values)."""
+        return _jsonable(asdict(self))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StitchPlan:
+        """Inverse of ``to_dict``."""
+        return _build(cls, data)
+
+    def to_json(self) -> str:
+        """The plan as a JSON string."""
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> StitchPlan:
+        """Inverse of ``to_json``."""
+        return cls.from_dict(json.loads(text))
+
+    def attach(self, mod: IRModule) -> IRModule:
+        """``mod`` with this plan stored as its ``stitch_plan`` attribute."""
+        return mod.with_attr(MODULE_ATTR, self.to_json())
+
+    @classmethod
+    def of_module(cls, mod: IRModule) -> StitchPlan | None:
+        """The plan attached to ``mod`` by the stitch pass, or None."""
+        attrs = mod.attrs
+        if attrs is None or MODULE_ATTR not in attrs:
+            return None
+        return cls.from_json(str(attrs[MODULE_ATTR]))
+
+    def __str__(self) -> str:
+        return format_plan(self)
+
+
+def format_plan(plan: StitchPlan) -> str:
+    """A human-readable report of ``plan``."""
+    lines = [f"StitchPlan: {len(plan.groups)} stitched group(s), "
+             f"{len(plan.fallbacks)} fallback(s), {len(plan.compute)} compute op(s)"]
+    for g in plan.groups:
+        lines.append(f"group {g.id} -> {g.function or '?'}: {', '.join(g.ops)}")
+        lines.append(f"  inputs: {', '.join(g.inputs)}; outputs: {', '.join(g.outputs)}")
+        for d in g.dominants:
+            sub = f"; sub-dominants {', '.join(d.sub_dominants)}" if d.sub_dominants else ""
+            lines.append(f"  dominant {d.op} ({d.kind}): {', '.join(d.members)}{sub}")
+        for e in g.edges:
+            lines.append(f"  edge {e.producer} -> {e.consumer}: {e.scheme.value}")
+        if g.mapping is not None:
+            lines.append(f"  mapping {g.mapping}")
+        if g.inlined:
+            lines.append(f"  in registers (inlined): {', '.join(g.inlined)}")
+        for b in g.buffers:
+            size = f", {b.shared_bytes} B" if b.shared_bytes else ""
+            note = f" ({b.note})" if b.note else ""
+            lines.append(f"  {b.role} {b.name}: {b.level.value}{size}{note}")
+        if g.shared_budget:
+            lines.append(f"  shared memory {g.shared_bytes} of {g.shared_budget} B per block")
+        for d in g.demotions:
+            lines.append(f"  demoted: {d}")
+    for f in plan.fallbacks:
+        lines.append(f"fallback {', '.join(f.ops)}: {f.reason}")
+    for c in plan.compute:
+        epi = f" + epilogue {', '.join(c.epilogue)}" if c.epilogue else ""
+        lines.append(f"compute {c.op} ({c.kind}){epi}: TVM default path")
+    for r in plan.refusals:
+        lines.append(f"refused merge {r.first} + {r.second}: {r.reason}")
+    lines.extend(f"note: {n}" for n in plan.notes)
+    return "\n".join(lines)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+_NESTED: dict[str, type] = {}
+
+
+def _build(cls: type, data: dict[str, Any]) -> Any:
+    """Rebuild dataclass ``cls`` from ``data``, following the field annotations."""
+    kwargs = {}
+    for f in fields(cls):
+        if f.name not in data:
+            continue
+        kwargs[f.name] = _convert(str(f.type), data[f.name])
+    return cls(**kwargs)
+
+
+def _convert(annotation: str, value: Any) -> Any:
+    if value is None:
+        return None
+    if annotation.startswith("tuple["):
+        inner = annotation[len("tuple["):-1].split(",")[0].strip()
+        return tuple(_convert(inner, v) for v in value)
+    base = annotation.split("|")[0].strip()
+    target = _NESTED.get(base)
+    if target is None:
+        return value
+    if issubclass(target, Enum):
+        return target(value)
+    return _build(target, value)
+
+
+_NESTED.update({
+    cls.__name__: cls
+    for cls in (Scheme, MappingKind, StorageLevel, ThreadMapping, Edge, Dominant, Buffer, Group,
+                Fallback, ComputeOp, Refusal)
+})

@@ -1,0 +1,118 @@
+"""Queries and preparation steps on the blocks of a fused PrimFunc, shared by the decisions
+(``decisions``) and the emission (``emit``) of a stitched kernel: who reads and writes which
+buffer, how often, and the normalisations both run first so that they see the same blocks."""
+
+from __future__ import annotations
+
+import tvm
+import tvm_ffi
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.analysis import get_root_block
+from tvm.s_tir.schedule import SBlockRV
+
+from ..plan import StorageLevel
+from .rows import Unstitchable
+
+SHARED = "shared"
+LOCAL = "local"
+SCOPES = {StorageLevel.SHARED: SHARED, StorageLevel.REGISTER: LOCAL}
+"""TIR storage scope of each on-chip level of the plan."""
+
+
+def child_blocks(sch: s_tir.Schedule) -> list[SBlockRV]:
+    """The blocks directly under the root block, in program order."""
+    return list(sch.get_child_blocks(get_root_block(sch)))
+
+
+def name_of(sch: s_tir.Schedule, block: SBlockRV) -> str:
+    """The name of ``block``."""
+    return sch.get(block).name_hint
+
+
+def readers(sch: s_tir.Schedule, buffer: tirx.Buffer, exclude: SBlockRV | None = None,
+            affine: bool = False) -> list[SBlockRV]:
+    """Blocks under the root that read ``buffer``; with ``affine``, only those whose indices
+    into it do not depend on loaded data (a gather's reads cannot be staged: the region it
+    needs is unknown)."""
+    out = []
+    for b in child_blocks(sch):
+        if exclude is not None and sch.get(b).same_as(sch.get(exclude)):
+            continue
+        regions = [r for r in sch.get(b).reads if r.source.same_as(buffer)]
+        if regions and not (affine and any(data_dependent(r) for r in regions)):
+            out.append(b)
+    return out
+
+
+def data_dependent(region: tvm.ir.TensorRegion) -> bool:
+    """Whether the region's bounds depend on loaded data (a gather's access)."""
+    found: list[tvm.ir.TensorLoad] = []
+    for r in region.region:
+        tvm_ffi.structural_walk(r.min, [(tvm.ir.TensorLoad, found.append)])
+        tvm_ffi.structural_walk(r.extent, [(tvm.ir.TensorLoad, found.append)])
+    return bool(found)
+
+
+def writer(sch: s_tir.Schedule, buffer_name: str) -> tuple[SBlockRV, int]:
+    """The block that writes the buffer named ``buffer_name`` and the index of that write."""
+    for b in child_blocks(sch):
+        for i, w in enumerate(sch.get(b).writes):
+            if w.source.name == buffer_name:
+                return b, i
+    raise Unstitchable(f"no block writes {buffer_name}")
+
+
+def written_params(func: tirx.PrimFunc, sch: s_tir.Schedule) -> list[tirx.Buffer]:
+    """Parameters written by some block (the kernel's outputs), in parameter order."""
+    written = [w.source for b in child_blocks(sch) for w in sch.get(b).writes]
+    return [p for p in func.params if any(p.same_as(w) for w in written)]
+
+
+def load_count(sch: s_tir.Schedule, block: SBlockRV, buffer: tirx.Buffer) -> int:
+    """How many loads of ``buffer`` the body of ``block`` has (each one is a memory access,
+    and each one re-evaluates the producer if that producer is inlined)."""
+    loads: list[tvm.ir.TensorLoad] = []
+
+    def visit(load: tvm.ir.TensorLoad) -> None:
+        if load.source.same_as(buffer):
+            loads.append(load)
+
+    tvm_ffi.structural_walk(sch.get(block).body, [(tvm.ir.TensorLoad, visit)])
+    return len(loads)
+
+
+def narrow_indices(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` with 32-bit loops and indices when TVM can narrow them (no 64-bit integer
+    buffers), else unchanged. The unit loops a schedule adds are 32-bit, and TVM's lowering
+    rejects a kernel whose thread loops mix 32- and 64-bit variables."""
+    try:
+        mod = tirx.transform.ForceNarrowIndexToInt32()(tvm.IRModule({"main": func}))
+    except Exception:  # noqa: BLE001 - 64-bit data buffers: keep 64-bit indices
+        return func
+    return mod["main"]
+
+
+def add_unit_loops(sch: s_tir.Schedule) -> None:
+    """Give a block without loops (a scalar, all iterators of extent 1) one unit loop per
+    iterator, so every block has the loop-per-iterator form the mapping expects."""
+    for block in child_blocks(sch):
+        iters = sch.get(block).iter_vars
+        missing = len(iters) - len(sch.get_loops(block))
+        if missing > 0 and all(isinstance(iv.dom.extent, tirx.IntImm)
+                               and int(iv.dom.extent) == 1 for iv in iters):
+            for _ in range(missing):
+                sch.add_unit_loop(block)
+
+
+def cache_reused_outputs(sch: s_tir.Schedule, func: tirx.PrimFunc, scope: str) -> list[str]:
+    """Give every output that is also read inside the kernel an on-chip copy (``scope``) that
+    the readers use, so the block computing it stops being an output block; returns their
+    names."""
+    names = []
+    for param in written_params(func, sch):
+        block, index = writer(sch, param.name)
+        users = readers(sch, param, exclude=block)
+        if users:
+            sch.cache_write(block, index, scope, consumer_blocks=users)
+            names.append(param.name)
+    return names

@@ -1,0 +1,197 @@
+"""The row space of a stitched PrimFunc: which iterators of each block walk the rows.
+
+A group shares one row space: ``rows`` tasks that each thread block (or warp) handles on its
+own. Every block of the group iterates first over the rows (one or several leading spatial
+iterators whose extents multiply to ``rows``), then over the elements of a row. An access
+is *row-aligned* when it touches only the block's own row, however the buffer splits its
+row dimensions (a reshape from ``(B*S, D)`` to ``(B, S, D)`` is still aligned): that is what
+lets one thread block keep the row in shared memory and never look at another block's data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+
+import tvm
+import tvm_ffi
+from tvm import s_tir, tirx
+from tvm.s_tir.schedule import SBlockRV
+from tvm.sym import Analyzer
+
+
+class Unstitchable(Exception):
+    """A group (or part of one) that the stitch schedule cannot handle; the message is the
+    reason reported in the plan."""
+
+
+def error_summary(err: Exception) -> str:
+    """The line of a (TVM) error message that says what went wrong, for a plan's reason."""
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    message = next((ln for ln in reversed(lines) if "Error" in ln or "error" in ln),
+                   lines[-1] if lines else type(err).__name__)
+    return message[:300]
+
+
+@dataclass(frozen=True)
+class Iter:
+    """A block iterator: its variable, kind (``S`` spatial or ``R`` reduction) and extent."""
+
+    var: tvm.ir.Var
+    kind: str
+    extent: int
+
+
+@dataclass(frozen=True)
+class BlockRows:
+    """A block split into row iterators (the first ``num_row_iters``) and element iterators."""
+
+    name: str
+    iters: tuple[Iter, ...]
+    num_row_iters: int
+
+    @property
+    def row_iters(self) -> tuple[Iter, ...]:
+        """The iterators over rows."""
+        return self.iters[: self.num_row_iters]
+
+    @property
+    def element_iters(self) -> tuple[Iter, ...]:
+        """The iterators inside a row."""
+        return self.iters[self.num_row_iters:]
+
+    @property
+    def elements(self) -> int:
+        """Elements of one row this block visits."""
+        return prod(i.extent for i in self.element_iters)
+
+    @property
+    def is_reduction(self) -> bool:
+        """Whether the block reduces (a reduction block)."""
+        return any(i.kind == "R" for i in self.iters)
+
+
+def iters_of(sch: s_tir.Schedule, block: SBlockRV) -> tuple[Iter, ...]:
+    """The iterators of ``block``; raises Unstitchable on a symbolic extent or an opaque kind."""
+    stmt = sch.get(block)
+    out = []
+    for iv in stmt.iter_vars:
+        if not isinstance(iv.dom.extent, tirx.IntImm):
+            raise Unstitchable(f"block {stmt.name_hint} has a symbolic extent")
+        if iv.iter_type == tirx.IterVar.DataPar:
+            kind = "S"
+        elif iv.iter_type == tirx.IterVar.CommReduce:
+            kind = "R"
+        else:
+            raise Unstitchable(f"block {stmt.name_hint} has an opaque iterator")
+        out.append(Iter(iv.var, kind, int(iv.dom.extent)))
+    return tuple(out)
+
+
+def prefix_split(extents: list[int], rows: int) -> int | None:
+    """Largest ``k`` with ``prod(extents[:k]) == rows`` (trailing unit extents included)."""
+    best = None
+    size = 1
+    if rows == 1:
+        best = 0
+    for k, e in enumerate(extents, start=1):
+        size *= e
+        if size == rows:
+            best = k
+        elif size > rows:
+            break
+    return best
+
+
+def block_rows(sch: s_tir.Schedule, block: SBlockRV, rows: int) -> BlockRows:
+    """Split ``block``'s iterators into rows and elements, or raise Unstitchable."""
+    name = sch.get(block).name_hint
+    iters = iters_of(sch, block)
+    k = prefix_split([i.extent for i in iters], rows)
+    if k is None or any(i.kind != "S" for i in iters[:k]):
+        raise Unstitchable(f"block {name} does not iterate over the {rows} rows first")
+    info = BlockRows(name, iters, k)
+    if info.is_reduction and any(i.kind == "S" and i.extent > 1 for i in info.element_iters):
+        raise Unstitchable(f"block {name} keeps a spatial axis inside its reduction")
+    return info
+
+
+def _row_index(exprs: list[tvm.ir.PrimExpr], extents: list[int]) -> tvm.ir.PrimExpr | None:
+    if not exprs:
+        return None
+    index = exprs[0]
+    for e, n in zip(exprs[1:], extents[1:], strict=True):
+        index = index * tirx.IntImm(index.ty.dtype, n) + e
+    return index
+
+
+def _has_load(expr: tvm.ir.PrimExpr) -> bool:
+    found = []
+    tvm_ffi.structural_walk(expr, [(tvm.ir.TensorLoad, found.append)])
+    return bool(found)
+
+
+def _static_shape(buffer: tirx.Buffer) -> list[int] | None:
+    if not all(isinstance(d, tirx.IntImm) for d in buffer.shape):
+        return None
+    return [int(d) for d in buffer.shape]
+
+
+def access_rows(info: BlockRows, region: tvm.ir.TensorRegion, rows: int) -> str:
+    """How an access of ``info``'s block touches rows: ``aligned`` (its own row only),
+    ``independent`` (the same data for every row, e.g. a bias), or ``other``.
+
+    Data-dependent indices (a gather) are allowed inside the row, not in the row dimensions.
+    """
+    shape = _static_shape(region.source)
+    if shape is None:
+        return "other"
+    row_vars = [i.var for i in info.row_iters]
+    dims = list(region.region)
+    dependent = [_has_load(r.min) or _has_load(r.extent) for r in dims]
+    uses_rows = any(_uses_any(r.min, row_vars) or _uses_any(r.extent, row_vars) for r in dims)
+    if not uses_rows and not any(dependent):
+        return "aligned" if rows == 1 else "independent"
+    kb = prefix_split(shape, rows)
+    if not kb or any(dependent[:kb]):
+        return "other"
+    ana = Analyzer()
+    for it in info.iters:
+        ana.bind(it.var, tvm.ir.Range(tirx.IntImm(it.var.ty.dtype, 0),
+                                      tirx.IntImm(it.var.ty.dtype, it.extent)))
+    if not all(ana.can_prove_equal(r.extent, 1) for r in dims[:kb]):
+        return "other"
+    mine = _row_index(row_vars, [i.extent for i in info.row_iters])
+    theirs = _row_index([r.min for r in dims[:kb]], shape[:kb])
+    if mine is None or not ana.can_prove_equal(theirs, mine):
+        return "other"
+    if any(not dep and _uses_any(r.min, row_vars) for r, dep in zip(dims[kb:], dependent[kb:],
+                                                                    strict=True)):
+        return "other"
+    return "aligned"
+
+
+def rows_sharing(info: BlockRows, region: tvm.ir.TensorRegion) -> int:
+    """How many consecutive rows (in aligned runs) read the same data through this access:
+    all of them for data that does not depend on the row (a bias), the product of the inner
+    row dimensions for data indexed by outer ones only (a mask per batch), 1 otherwise."""
+    dims = list(region.region)
+    if any(_has_load(r.min) or _has_load(r.extent) for r in dims):
+        return 1
+    used = [p for p, it in enumerate(info.row_iters)
+            if any(_uses_any(r.min, [it.var]) or _uses_any(r.extent, [it.var]) for r in dims)]
+    inner = info.row_iters[max(used) + 1:] if used else info.row_iters
+    return prod(i.extent for i in inner)
+
+
+def _uses_any(expr: tvm.ir.PrimExpr, variables: list[tvm.ir.Var]) -> bool:
+    found: list[tvm.ir.Var] = []
+    tvm_ffi.structural_walk(expr, [(tvm.ir.Var, found.append)])
+    return any(f.same_as(v) for f in found for v in variables)
+
+
+def row_elements(buffer: tirx.Buffer, rows: int) -> int:
+    """Elements per row of a buffer laid out as ``rows`` rows (its size if it has no rows)."""
+    shape = _static_shape(buffer) or []
+    kb = prefix_split(shape, rows)
+    return prod(shape[kb:]) if kb else prod(shape)

@@ -1,0 +1,26 @@
+"""The fusion and scheduling passes of the "stitch" flow.
+
+The same passes as TVM's default CUDA legalization (LegalizeOps, AnnotateTIROpPattern,
+FoldConstant), then StitchFuse in place of FuseOps + FuseTIR, then StitchSchedule in place of
+dlight's ApplyDefaultSchedule.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+from tvm.target import Target
+
+from ..schedule.rule import StitchSchedule
+from .stitch_fuse import StitchFuse
+
+
+def fusion_passes(target: Target) -> list[tvm.transform.Pass]:
+    """Legalization, stitch fusion and scheduling for ``target``."""
+    return [
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        StitchFuse(target),
+        StitchSchedule(target),
+    ]

@@ -1,0 +1,153 @@
+"""StitchFuse: the Relax pass that replaces FuseOps + FuseTIR in the stitch pipeline.
+
+1. Group the memory-intensive ops (``tvm_stitch.graph``).
+2. Outline each group into a ``Primitive`` function and let FuseTIR merge it into one
+   PrimFunc.
+3. Decide each group's kernel (``tvm_stitch.schedule.decide``), which also checks that the
+   schedule can be emitted. A group that cannot be stitched is sent back with its reason:
+   its ops fall back, and steps 1-3 run again without them.
+4. Mark the stitched PrimFuncs (``stitch.group``, and opaque for FuseOps), run TVM's FuseOps
+   and FuseTIR on what is left, and attach the StitchPlan to the module.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import replace
+
+import tvm
+from tvm import relax, tirx
+from tvm.ir import IRModule
+from tvm.target import Target
+
+from ..graph.ops import OPAQUE
+from ..graph.planner import Draft, draft_plan
+from ..graph.tvm_fusion import tvm_fusion_groups
+from ..plan import GROUP_ATTR, Fallback, Group, StitchPlan
+from ..schedule.decisions import decide
+from ..schedule.rows import Unstitchable, error_summary
+from .outline import outline
+
+logger = logging.getLogger(__name__)
+
+MAX_ROUNDS = 16
+"""Grouping rounds before every remaining failing group is given up at once."""
+
+
+@tvm.transform.module_pass(opt_level=0, name="StitchFuse")
+class StitchFuse:
+    """Group, fuse and plan the memory-intensive ops of ``main``; attach the plan.
+
+    ``target`` gives the shared-memory and thread limits (default: the current target).
+    ``plan_sink``, when given, is called with the final StitchPlan.
+    """
+
+    def __init__(self, target: Target | None = None, plan_sink=None) -> None:
+        self.target = target
+        self.plan_sink = plan_sink
+
+    def transform_module(self, mod: IRModule, _ctx: tvm.transform.PassContext) -> IRModule:
+        """Run the pass on ``mod``."""
+        target = self.target or Target.current(allow_none=True)
+        fused, plan = stitch(mod, target)
+        if self.plan_sink is not None:
+            self.plan_sink(plan)
+        return fused
+
+
+def stitch(mod: IRModule, target: Target | None = None) -> tuple[IRModule, StitchPlan]:
+    """``mod`` with its stitched groups fused and every other op fused by TVM, and the plan.
+
+    An unexpected error while grouping (a bug of ours, an IR we do not know) gives up
+    stitching for the module, with a note in the plan, rather than breaking the compile.
+    """
+    if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
+        return _tvm_fusion(mod), StitchPlan(notes=("no main function: TVM's fusion only",))
+    try:
+        fused, groups, draft, failed, notes = _stitch_rounds(mod, target)
+    except Exception as err:  # noqa: BLE001 - never worse than TVM's own fusion
+        logger.warning("stitching gave up: %s", err)
+        fused, groups, draft, failed = mod, [], Draft([]), []
+        notes = (f"stitching gave up ({type(err).__name__}: {error_summary(err)}): "
+                 "TVM's fusion only",)
+    for g in groups:
+        gv = fused.get_global_var(g.function)
+        fused[gv] = fused[gv].with_attr(GROUP_ATTR, g.id).with_attr("op_pattern", OPAQUE)
+    fused = _tvm_fusion(fused)
+    plan = StitchPlan(
+        groups=tuple(groups),
+        fallbacks=tuple(_fallbacks(draft, failed)),
+        compute=tuple(draft.compute),
+        refusals=tuple(draft.refusals),
+        notes=notes,
+    )
+    return plan.attach(fused), plan
+
+
+def _stitch_rounds(mod: IRModule, target: Target | None
+                   ) -> tuple[IRModule, list[Group], Draft, list[Fallback], tuple[str, ...]]:
+    """Group, fuse and decide until every group can be stitched: a group that cannot sends
+    its ops back to TVM with the reason, and the others are grouped again without them."""
+    excluded: dict[str, str] = {}
+    failed: list[Fallback] = []
+    tvm_groups = tvm_fusion_groups(mod)
+    for _ in range(MAX_ROUNDS):
+        draft = draft_plan(mod, excluded, tvm_groups)
+        fused, names = _fuse_groups(mod, draft)
+        groups, failures = _decide_all(fused, draft, names, target)
+        for ops, reason in failures:
+            excluded.update({op.partition(":")[0]: reason for op in ops})
+            failed.append(Fallback(ops, reason))
+        if not failures:
+            return fused, groups, draft, failed, ()
+    draft = Draft(draft.graphs, compute=draft.compute, refusals=draft.refusals)
+    return mod, [], draft, failed, (f"gave up stitching after {MAX_ROUNDS} rounds of failing "
+                                    "groups",)
+
+
+def _tvm_fusion(mod: IRModule) -> IRModule:
+    return tvm.transform.Sequential([relax.transform.FuseOps(), relax.transform.FuseTIR()])(mod)
+
+
+def _function_name(group: Group) -> str:
+    callees = []
+    for op in group.ops:
+        callee = re.sub(r"[^0-9A-Za-z_]", "_", op.partition(":")[2] or op)
+        if callee not in callees:
+            callees.append(callee)
+    return f"stitch{group.id}_" + "_".join(callees)[:48]
+
+
+def _fuse_groups(mod: IRModule, draft: Draft) -> tuple[IRModule, dict[int, str]]:
+    """``mod`` with every drafted group outlined and fused by FuseTIR; group id -> PrimFunc."""
+    if not draft.groups:
+        return mod, {}
+    requested = [(og, _function_name(g)) for og, g in draft.groups]
+    outlined, actual = outline(mod, draft.graphs, requested)
+    fused = relax.transform.FuseTIR()(outlined)
+    return fused, {g.id: actual[name] for (_, g), (_, name) in zip(draft.groups, requested,
+                                                                   strict=True)}
+
+
+def _decide_all(fused: IRModule, draft: Draft, names: dict[int, str], target: Target | None
+                ) -> tuple[list[Group], list[tuple[tuple[str, ...], str]]]:
+    groups, failures = [], []
+    for og, entry in draft.groups:
+        name = names[entry.id]
+        func = fused[fused.get_global_var(name)]
+        if not isinstance(func, tirx.PrimFunc):
+            failures.append((entry.ops, "FuseTIR did not make one PrimFunc"))
+            continue
+        try:
+            groups.append(decide(func, replace(entry, function=name), og.rows, target))
+        except Unstitchable as err:
+            failures.append((entry.ops, str(err)))
+    return groups, failures
+
+
+def _fallbacks(draft: Draft, failed: list[Fallback]) -> list[Fallback]:
+    """The draft's fallbacks, with the ops of each failed group reported once, together."""
+    reported = {op for f in failed for op in f.ops}
+    rest = [f for f in draft.fallbacks if not set(f.ops) & reported]
+    return failed + rest
