@@ -28,6 +28,10 @@ def bench_flow(model, flow: str, size: str, target: str) -> dict:
     report = analysis.analyze(scheduled).to_dict()
     row = {k: report[k] for k in ("kernels", "mem_kernels", "global_bytes", "traffic_ratio",
                                   "roofline_us")}
+    kernels = report["per_kernel"]
+    row["blocks"] = [k["blocks"] for k in kernels]
+    row["threads_per_block"] = [k["threads_per_block"] for k in kernels]
+    row["waves"] = [round(k["waves"]["H200"], 3) for k in kernels]
     check = verify.run_simt(scheduled, model) if size == "ci" else None
     row["max_abs_err"] = check.max_abs_err if check else None
     row["ok"] = check.ok if check else None

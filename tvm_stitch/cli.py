@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from . import analysis, pipeline, verify, workloads
+from .plan import StitchPlan
 from .target import DEFAULT_TARGET
 from .workloads.__main__ import format_table
 
@@ -24,6 +25,9 @@ def demo(workload: str, size: str, target: str, seed: int) -> int:
         check = verify.run_simt(scheduled, model, seed)
         all_ok &= check.ok
         print(f"\n== {flow} ==")
+        plan = StitchPlan.of_module(scheduled)
+        if plan is not None:
+            print(plan)
         print(report.render())
         verdict = "matches" if check.ok else "DOES NOT match"
         print(f"SIMT run {verdict} onnxruntime (max abs err {check.max_abs_err:.2e})")

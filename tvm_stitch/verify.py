@@ -18,6 +18,7 @@ from tvm.ir import IRModule
 
 from . import analysis, pipeline
 from .frontend.onnx import ModelError, import_model, load
+from .plan import StitchPlan
 from .target import DEFAULT_TARGET
 from .workloads import inputs as make_inputs
 
@@ -81,7 +82,11 @@ def run_simt(scheduled: IRModule, model: onnx.ModelProto, seed: int = 0) -> Chec
 def verify(model: onnx.ModelProto, flow: str = "baseline", target: str = DEFAULT_TARGET,
            seed: int = 0) -> dict:
     """Compile, run on the SIMT runner and measure: the JSON-ready summary ``verify`` prints."""
-    scheduled = compile_model(model, flow, target)
+    return summarize(compile_model(model, flow, target), model, seed)
+
+
+def summarize(scheduled: IRModule, model: onnx.ModelProto, seed: int = 0) -> dict:
+    """Kernels, traffic and the onnxruntime comparison of an already compiled model."""
     report = analysis.analyze(scheduled).to_dict()
     check = run_simt(scheduled, model, seed)
     return {
@@ -101,6 +106,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="compile flow: baseline (TVM's default fusion) or stitch")
     parser.add_argument("--target", default=DEFAULT_TARGET, help="e.g. cuda:sm_90, cuda:sm_80")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    parser.add_argument("--plan", action="store_true",
+                        help="also print the stitch plan (groups, schemes, fallbacks) to stderr")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -110,10 +117,15 @@ def run(args: argparse.Namespace) -> int:
               f"(available: {', '.join(pipeline.available_flows())})", file=sys.stderr)
         return 2
     try:
-        result = verify(load(args.model), args.pipeline, args.target, args.seed)
+        model = load(args.model)
+        scheduled = compile_model(model, args.pipeline, args.target)
     except ModelError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    if args.plan:
+        print(StitchPlan.of_module(scheduled) or "no stitch plan: the baseline flow",
+              file=sys.stderr)
+    result = summarize(scheduled, model, args.seed)
     print(json.dumps(result))
     return 0 if result["ok"] else 1
 

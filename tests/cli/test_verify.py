@@ -28,6 +28,16 @@ def test_verify_prints_json_and_matches(layer_norm_path, capsys) -> None:
     assert result["max_abs_err"] < 1e-4
 
 
+def test_verify_stitch_makes_one_kernel_and_prints_the_plan(tmp_path, capsys) -> None:
+    path = tmp_path / "lsa.onnx"
+    onnx.save(workloads.get("layernorm_softmax_add").model("ci"), path)
+    assert verify.main([str(path), "--pipeline", "stitch", "--plan"]) == 0
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    assert result["ok"] is True and result["kernels"] == 1
+    assert "StitchPlan: 1 stitched group(s)" in captured.err
+
+
 def test_unknown_pipeline_is_refused(layer_norm_path, capsys) -> None:
     assert verify.main([layer_norm_path, "--pipeline", "nonsense"]) == 2
     assert "not available" in capsys.readouterr().err
@@ -64,6 +74,7 @@ def test_boolean_masks_of_a_real_model_run_correctly() -> None:
 def test_cli_demo_and_workloads(capsys) -> None:
     assert cli.main(["demo", "--workload", "softmax"]) == 0
     out = capsys.readouterr().out
-    assert "== baseline ==" in out and "matches onnxruntime" in out
+    assert "== baseline ==" in out and "== stitch ==" in out
+    assert out.count("SIMT run matches onnxruntime") == 2
     assert cli.main(["workloads"]) == 0
     assert "colsum_8192x1024" in capsys.readouterr().out
