@@ -3,8 +3,7 @@
 import subprocess
 
 import pytest
-from tvm.script import ir as I
-from tvm.script import relax as R
+from shared_kernels import Softmax768
 
 from tvm_stitch import pipeline
 from tvm_stitch.analysis import analyze, ptxas
@@ -30,14 +29,6 @@ ptxas info    : Used 10 registers, used 0 barriers, 360 bytes cmem[0]
 """
 
 
-@I.ir_module
-class Softmax:
-    @R.function
-    def main(x: R.Tensor((128, 768), "float32")):
-        with R.dataflow():
-            s = R.nn.softmax(x, axis=-1)
-            R.output(s)
-        return s
 
 
 def test_parse_reads_registers_shared_memory_and_spills() -> None:
@@ -55,7 +46,7 @@ def test_bad_architecture_is_refused() -> None:
 @needs_nvcc
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_dlight_softmax_compiles_without_spills(arch: str) -> None:
-    report = analyze(pipeline.lower(Softmax, f"cuda:{arch}"), target=f"cuda:{arch}",
+    report = analyze(pipeline.lower(Softmax768, f"cuda:{arch}"), target=f"cuda:{arch}",
                      resources=True)
     (kernel,) = report.kernels
     res = kernel.resources
@@ -69,11 +60,11 @@ def test_dlight_softmax_compiles_without_spills(arch: str) -> None:
 
 @needs_nvcc
 def test_results_are_cached_by_source(monkeypatch: pytest.MonkeyPatch) -> None:
-    report = analyze(pipeline.lower(Softmax, "cuda"), resources=True)
+    report = analyze(pipeline.lower(Softmax768, "cuda"), resources=True)
 
     def no_compiler(*args, **kwargs):
         raise AssertionError("nvcc ran again for a source it had compiled")
 
     monkeypatch.setattr(subprocess, "run", no_compiler)
-    again = analyze(pipeline.lower(Softmax, "cuda"), resources=True)
+    again = analyze(pipeline.lower(Softmax768, "cuda"), resources=True)
     assert again.kernels[0].resources == report.kernels[0].resources

@@ -1,6 +1,7 @@
 """Global bytes counted from device TIR match hand counts, kernel by kernel."""
 
 import pytest
+from shared_kernels import Softmax768, scale_then_mirror
 from tvm.script import ir as I
 from tvm.script import relax as R
 from tvm.script import tirx as T
@@ -33,16 +34,6 @@ class RowSum:
     def main(x: R.Tensor((128, 1000), "float32")):
         with R.dataflow():
             s = R.sum(x, axis=[1])
-            R.output(s)
-        return s
-
-
-@I.ir_module
-class Softmax768:
-    @R.function
-    def main(x: R.Tensor((128, 768), "float32")):
-        with R.dataflow():
-            s = R.nn.softmax(x, axis=-1)
             R.output(s)
         return s
 
@@ -105,27 +96,6 @@ def leaky(a: T.Buffer((64, 128), "float32"), w: T.Buffer((128,), "float32"),
                 b[i * 8 + j // 128, j % 128] = T.if_then_else(
                     a[i * 8 + j // 128, j % 128] > T.float32(0), a[i * 8 + j // 128, j % 128],
                     a[i * 8 + j // 128, j % 128] * w[j % 128])
-
-
-@T.prim_func(s_tir=True)
-def scale_then_mirror(a: T.handle, b: T.handle, c: T.handle):
-    """Two kernels over a symbolic length, each guarded against the grid's tail."""
-    n = T.int64()
-    A = T.match_buffer(a, (n,), "float32")
-    B = T.match_buffer(b, (n,), "float32")
-    C = T.match_buffer(c, (n,), "float32")
-    for bx in T.thread_binding((n + 127) // 128, thread="blockIdx.x"):
-        for tx in T.thread_binding(128, thread="threadIdx.x"):
-            with T.sblock("scale"):
-                T.where(bx * 128 + tx < n)
-                vi = T.axis.spatial(n, bx * 128 + tx)
-                B[vi] = A[vi] * T.float32(2)
-    for bx in T.thread_binding((n + 127) // 128, thread="blockIdx.x"):
-        for tx in T.thread_binding(128, thread="threadIdx.x"):
-            with T.sblock("mirror"):
-                T.where(bx * 128 + tx < n)
-                vi = T.axis.spatial(n, bx * 128 + tx)
-                C[vi] = B[n - 1 - vi]
 
 
 def test_elementwise_add_reads_two_tensors_and_writes_one() -> None:
