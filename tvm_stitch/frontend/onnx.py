@@ -7,7 +7,7 @@ import os
 import onnx
 from tvm.ir import IRModule
 from tvm.relax.frontend.onnx import from_onnx
-from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
+from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter, _get_convert_map
 
 # Element types the stitch and baseline flows compile and the SIMT runner can execute.
 SUPPORTED_ELEM_TYPES = {
@@ -17,6 +17,15 @@ SUPPORTED_ELEM_TYPES = {
     onnx.TensorProto.INT64: "int64",
     onnx.TensorProto.INT32: "int32",
     onnx.TensorProto.BOOL: "bool",
+}
+
+
+# Attributes TVM 0.27's importer reads but ignores: a node that sets one to anything but its
+# default would compile to numbers that differ from what ONNX specifies, silently.
+IGNORED_ATTRIBUTES = {
+    ("IsInf", "detect_positive"): 1,
+    ("IsInf", "detect_negative"): 1,
+    ("BatchNormalization", "training_mode"): 0,
 }
 
 
@@ -50,6 +59,12 @@ def _check_supported(model: onnx.ModelProto) -> None:
             raise ModelError(
                 f"{label}: operator {node.op_type} has no TVM importer (opset {opset})"
             )
+        for attr in node.attribute:
+            default = IGNORED_ATTRIBUTES.get((node.op_type, attr.name))
+            if default is not None and onnx.helper.get_attribute_value(attr) != default:
+                raise ModelError(f"{label}: attribute {attr.name}="
+                                 f"{onnx.helper.get_attribute_value(attr)} is not supported "
+                                 "(TVM's importer would ignore it)")
     initializers = {t.name for t in model.graph.initializer}
     for value in list(model.graph.input) + list(model.graph.output):
         if value.name in initializers:
@@ -64,10 +79,31 @@ def import_model(model: str | os.PathLike | onnx.ModelProto,
                  shape_dict: dict[str, list[int]] | None = None) -> IRModule:
     """Check an ONNX model and import it into Relax (weights become constants of ``main``)."""
     model = load(model)
+    failed_ops: list[str] = []
+    convert = ONNXGraphImporter._convert_operator
+
+    def recording_convert(self: ONNXGraphImporter, op_name: str, inputs: list, attrs: dict,
+                          opset: int) -> object:
+        failed_ops.append(op_name)
+        result = convert(self, op_name, inputs, attrs, opset)
+        failed_ops.pop()
+        return result
+
+    ONNXGraphImporter._convert_operator = recording_convert
     try:
         return from_onnx(model, shape_dict=shape_dict, keep_params_in_input=False)
-    except Exception as err:  # TVM raises many types; keep its message, add ours
-        raise ModelError(f"TVM's ONNX importer failed: {err}") from err
+    except Exception as err:  # TVM raises many types; keep its message, add the node
+        where = _nodes_of(model, failed_ops[-1]) if failed_ops else "the graph"
+        raise ModelError(f"TVM's ONNX importer failed on {where}: {err}") from err
+    finally:
+        ONNXGraphImporter._convert_operator = convert
+
+
+def _nodes_of(model: onnx.ModelProto, op_type: str) -> str:
+    """Name the nodes of ``op_type``: TVM's importer does not say which one it was converting."""
+    names = [n.name or f"#{i}" for i, n in enumerate(model.graph.node) if n.op_type == op_type]
+    which = "node" if len(names) == 1 else "one of nodes"
+    return f"{which} {', '.join(names)} ({op_type})"
 
 
 def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
