@@ -133,13 +133,69 @@ class Buffer:
 
 
 @dataclass(frozen=True)
+class Launch:
+    """A kernel's launch configuration on one GPU (assume-relax-apply, DESIGN.md section 4).
+
+    ``blocks_per_sm`` blocks of ``threads`` threads with ``shared_bytes`` of shared memory
+    are resident per SM when no thread uses more than ``max_registers`` registers, which the
+    kernel's ``__launch_bounds__(threads, blocks_per_sm)`` makes ptxas keep to. ``grid`` is
+    the blocks launched.
+    """
+
+    gpu: str
+    threads: int
+    shared_bytes: int
+    blocks_per_sm: int
+    max_registers: int
+    sms: int
+    grid: int = 0
+
+    @property
+    def wave(self) -> int:
+        """Blocks resident at once on the whole GPU: the most a persistent grid may launch."""
+        return self.sms * self.blocks_per_sm
+
+    @property
+    def waves(self) -> float:
+        """How many waves the grid takes."""
+        return self.grid / self.wave
+
+    def __str__(self) -> str:
+        return (f"{self.grid} blocks x {self.threads} threads on {self.gpu}: "
+                f"{self.blocks_per_sm} block(s) per SM ({self.wave} per wave, "
+                f"{self.waves:.2f} waves), at most {self.max_registers} registers per thread, "
+                f"{self.shared_bytes} B of shared memory per block")
+
+
+@dataclass(frozen=True)
+class Phase:
+    """The work of a Global-stitched kernel between two grid barriers.
+
+    A ``rows`` phase walks row tiles (the row mapping) computing row-wise blocks and the
+    partial sums of the column reductions it feeds (``partials``); a ``columns`` phase sums
+    partials (``combines``: of column reductions, or of row reductions split over several
+    blocks) and computes what depends on those sums alone. ``tasks`` is its number of
+    virtual blocks, looped over the persistent grid.
+    """
+
+    kind: str
+    blocks: tuple[str, ...]
+    tasks: int
+    partials: tuple[str, ...] = ()
+    combines: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Group:
     """One stitched kernel: a set of Relax ops fused into one PrimFunc and its schedule.
 
     ``function`` is the fused PrimFunc's name once the plan is applied. ``inlined`` lists the
     TIR blocks computed in registers inside their consumers (Local); ``buffers`` lists every
     intermediate kept in shared memory and every input staged there (Regional), plus what was
-    demoted to global memory to fit ``shared_budget``.
+    demoted to global memory to fit ``shared_budget``. A group with Global edges runs as a
+    persistent grid in ``phases`` separated by grid barriers; ``row_split`` > 1 splits each of
+    its rows over that many blocks (task splitting; the mapping's rows are then the sub-rows).
+    ``launch`` is its kernel's launch configuration.
     """
 
     id: int
@@ -155,6 +211,14 @@ class Group:
     shared_bytes: int = 0
     shared_budget: int = 0
     demotions: tuple[str, ...] = ()
+    launch: Launch | None = None
+    phases: tuple[Phase, ...] = ()
+    row_split: int = 1
+
+    @property
+    def grid_barriers(self) -> int:
+        """Grid barriers of the kernel: one between consecutive phases."""
+        return max(0, len(self.phases) - 1)
 
     @property
     def staged(self) -> tuple[Buffer, ...]:
@@ -269,6 +333,14 @@ def format_plan(plan: StitchPlan) -> str:
             lines.append(f"  {b.role} {b.name}: {b.level.value}{size}{note}")
         if g.shared_budget:
             lines.append(f"  shared memory {g.shared_bytes} of {g.shared_budget} B per block")
+        if g.row_split > 1:
+            lines.append(f"  task splitting: each row over {g.row_split} blocks")
+        if g.launch is not None:
+            lines.append(f"  launch {g.launch}")
+        for i, ph in enumerate(g.phases):
+            barrier = "; grid barrier" if i + 1 < len(g.phases) else ""
+            lines.append(f"  phase {i} ({ph.kind}, {ph.tasks} tasks): {', '.join(ph.blocks)}"
+                         f"{barrier}")
         for d in g.demotions:
             lines.append(f"  demoted: {d}")
     for f in plan.fallbacks:
@@ -322,6 +394,6 @@ def _convert(annotation: str, value: Any) -> Any:
 
 _NESTED.update({
     cls.__name__: cls
-    for cls in (Scheme, MappingKind, StorageLevel, ThreadMapping, Edge, Dominant, Buffer, Group,
-                Fallback, ComputeOp, Refusal)
+    for cls in (Scheme, MappingKind, StorageLevel, ThreadMapping, Edge, Dominant, Buffer, Launch,
+                Phase, Group, Fallback, ComputeOp, Refusal)
 })

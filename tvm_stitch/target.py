@@ -12,6 +12,12 @@ MAX_THREADS_PER_BLOCK = 1024
 MAX_SHARED_MEMORY_PER_BLOCK = 49152
 WARP_SIZE = 32
 
+SIMT_CONCURRENT_BLOCKS = 8
+"""Work-groups the CPU SIMT runner executes at once: it starts PoCL with this many host threads
+(``POCL_MAX_PTHREAD_COUNT``) unless the environment sets another count. A kernel with a grid
+barrier runs with its real barrier only when its grid fits; schedules for the OpenCL target
+size persistent grids to it."""
+
 
 def cuda_target(arch: str = "sm_90") -> Target:
     """A CUDA target for ``arch`` with the limits MetaSchedule and our schedules read."""
@@ -65,4 +71,5 @@ def is_gpu(target: Target) -> bool:
     return target.kind.name in ("cuda", "opencl")
 
 
-__all__ = ["DEFAULT_TARGET", "cuda_target", "opencl_target", "parse_target", "is_gpu"]
+__all__ = ["DEFAULT_TARGET", "SIMT_CONCURRENT_BLOCKS", "cuda_target", "opencl_target",
+           "parse_target", "is_gpu"]

@@ -168,12 +168,22 @@ def two_layer_norms(n: int = 16, d: int = 64):
 
 
 def column_mean_center(n: int = 16, d: int = 64):
-    """x - mean(x, axis=0): a column reduction, which falls back (next issue)."""
+    """x - mean(x, axis=0): a column reduction read back by every row (Global stitching)."""
     axes = _const("axes", np.array([0], "int64"))
     nodes = [helper.make_node("ReduceMean", ["x", "axes"], ["mu"], keepdims=1),
              helper.make_node("Sub", ["x", "mu"], ["out"])]
     model = _model(nodes, [_vi("x", (n, d))], [_vi("out", (n, d))], [axes])
     return model, {"x": _f32(n, d)}
+
+
+def middle_axis_sum(a: int = 4, b: int = 8, c: int = 16):
+    """A sum over the middle axis of (a, b, c) followed by an exp: neither a row nor a column
+    reduction, so it falls back to TVM."""
+    axes = _const("axes", np.array([1], "int64"))
+    nodes = [helper.make_node("ReduceSum", ["x", "axes"], ["s"], keepdims=0),
+             helper.make_node("Exp", ["s"], ["out"])]
+    model = _model(nodes, [_vi("x", (a, b, c))], [_vi("out", (a, c))], [axes])
+    return model, {"x": _f32(a, b, c)}
 
 
 def adam_update(n: int = 16, d: int = 64):
@@ -220,6 +230,7 @@ PATTERNS = {
     "residual_cycle": residual_cycle,
     "two_layer_norms": two_layer_norms,
     "column_mean_center": column_mean_center,
+    "middle_axis_sum": middle_axis_sum,
     "adam_update": adam_update,
 }
 

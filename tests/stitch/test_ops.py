@@ -26,12 +26,18 @@ def test_layer_norm_and_softmax_are_row_reductions_not_compute() -> None:
     assert infos["add"].input_aligned == (True, True)
 
 
-def test_matmul_is_compute_and_column_mean_is_unsupported() -> None:
+def test_matmul_is_compute_and_column_mean_is_a_column_reduction() -> None:
     infos = _infos("matmul_between_layer_norms", 16, 64)
     assert infos["matmul"].kind is OpKind.COMPUTE
     column = _infos("column_mean_center", 16, 64)["mean"]
-    assert column.kind is OpKind.COLUMN_REDUCE
-    assert "next issue" in column.unsupported
+    assert column.kind is OpKind.COLUMN_REDUCE and not column.unsupported
+    assert (column.rows, column.row_length) == (16, 64)  # rows reduced, columns kept
+
+
+def test_middle_axis_reduction_is_unsupported() -> None:
+    middle = _infos("middle_axis_sum", 4, 8, 16)["sum"]
+    assert middle.kind is OpKind.COLUMN_REDUCE
+    assert middle.unsupported.startswith("window or mixed reduction")
 
 
 def test_gather_opaque_to_tvm_is_injective() -> None:

@@ -77,14 +77,27 @@ def test_unconnected_groups_of_one_row_space_are_stitched_remotely() -> None:
 
 
 def test_unsupported_pattern_falls_back_with_its_reason() -> None:
-    plan = _plan("column_mean_center", 16, 64)
+    plan = _plan("middle_axis_sum", 4, 8, 16)
     assert not plan.groups
-    (fallback,) = plan.fallbacks
-    # the subtraction FuseOps fuses with the column mean falls back with it
-    assert fallback.ops == ("lv:mean", "gv:subtract")
-    assert fallback.reason == (
-        "column or window reduction (block x_red reduces x over an outer axis): needs the "
-        "column mapping and Global stitching (next issue)")
+    reduction, exp = plan.fallbacks
+    assert reduction.ops == ("lv:sum",)
+    assert reduction.reason == ("window or mixed reduction (block x_red reduces x over an "
+                                "inner axis too)")
+    assert exp.ops == ("gv:tir_exp",) and exp.reason == "a single injective op: nothing to stitch"
+
+
+def test_column_reduction_read_back_by_rows_is_one_global_group() -> None:
+    plan = _plan("column_mean_center", 16, 64)
+    (group,) = plan.groups
+    assert not plan.fallbacks
+    assert group.ops == ("lv:mean", "gv:subtract")
+    assert group.edges == (Edge("lv:mean", "gv:subtract", Scheme.GLOBAL),)
+    assert [(p.kind, p.blocks) for p in group.phases] == [
+        ("rows", ("x_red",)), ("columns", ("x_red", "T_divide")), ("rows", ("T_subtract",))]
+    assert group.grid_barriers == 2
+    assert group.launch.grid <= group.launch.wave
+    partial = next(b for b in group.buffers if b.role == "partial")
+    assert partial.level is StorageLevel.GLOBAL and partial.name == "x_red"
 
 
 def test_element_wise_group_is_flat_and_keeps_reused_values_in_registers() -> None:

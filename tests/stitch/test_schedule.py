@@ -16,7 +16,7 @@ from stitch_helpers import (
 
 import tvm_stitch.schedule.decisions as decide_module
 from tvm_stitch.plan import MappingKind, StorageLevel
-from tvm_stitch.schedule.mapping import NUM_SMS, flat_mapping, row_mapping
+from tvm_stitch.schedule.mapping import DEFAULT_GPU, flat_mapping, row_mapping
 
 
 @pytest.mark.parametrize(("rows", "length", "kind", "rows_per_block", "threads"), [
@@ -37,7 +37,8 @@ def test_row_mapping(rows: int, length: int, kind: MappingKind, rows_per_block: 
 
 
 def test_packing_keeps_a_block_per_sm_and_divides_the_rows() -> None:
-    assert row_mapping(NUM_SMS * 2, 32, NUM_SMS * 2).rows_per_block == 2
+    sms = DEFAULT_GPU.sms
+    assert row_mapping(sms * 2, 32, sms * 2).rows_per_block == 2
     assert row_mapping(3000, 32, 3).rows_per_block == 1  # 3000 rows = 3 x 1000: no 2 or 4
 
 
@@ -62,14 +63,14 @@ def test_over_budget_demotes_and_stays_correct() -> None:
 
 
 def test_schedule_failure_falls_back_to_tvm(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = decide_module.emit
+    real = decide_module.kernel
 
     def failing(func, group):
         if any("softmax" in op for op in group.ops):
             raise RuntimeError("no schedule for you")
         return real(func, group)
 
-    monkeypatch.setattr(decide_module, "emit", failing)
+    monkeypatch.setattr(decide_module, "kernel", failing)
     model, inputs = patterns.ln_softmax_add(16, 64)
     scheduled, plan = lower_stitch(model)
     assert not plan.groups

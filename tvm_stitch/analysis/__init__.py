@@ -9,7 +9,15 @@ a text table. ``ptxas_resources`` reads registers and shared memory from ``ptxas
 from .classify import has_contraction
 from .ptxas import KernelResources, PtxasError, lowered_resources, ptxas_resources
 from .report import KernelReport, ModuleReport, analyze, analyze_primfunc, render
-from .roofline import GPU, GPUS, KernelWork, effective_bandwidth, kernel_time_us, waves
+from .roofline import (
+    GPU,
+    GPUS,
+    KernelWork,
+    effective_bandwidth,
+    gpu_of_arch,
+    kernel_time_us,
+    waves,
+)
 from .traffic import AnalysisError, BufferTraffic, KernelTraffic, count_traffic
 
 __all__ = [
@@ -27,6 +35,7 @@ __all__ = [
     "analyze_primfunc",
     "count_traffic",
     "effective_bandwidth",
+    "gpu_of_arch",
     "has_contraction",
     "kernel_time_us",
     "lowered_resources",

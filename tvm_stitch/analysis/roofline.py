@@ -18,13 +18,18 @@ The total is the sum over kernels: kernels of one model run back to back on one 
 Compute, L2 hits and shared-memory time are ignored: this ranks memory-intensive code, it
 does not predict matmuls.
 
-Figures (``GPUS``): bandwidth and SM counts are the vendors' (H200 SXM 4.8 TB/s HBM3e, 132
-SMs; A100 SXM 2.0 TB/s (80 GB) HBM2e, 108 SMs; V100 SXM2 0.9 TB/s HBM2, 80 SMs); 2048
-threads and 32 blocks per SM are the CUDA occupancy limits of compute capability 7.0, 8.0 and
-9.0. DRAM latency is one round figure, 600 ns: pointer-chasing microbenchmarks put loaded
-HBM latency on Volta to Hopper between about 400 and 800 ns (Jia et al., "Dissecting the
-NVIDIA Volta GPU Architecture via Microbenchmarking", 2018; Chips and Cheese's GPU memory
-latency tests), and one figure keeps the model explainable. Four accesses in flight per
+Figures (``GPUS``, the one GPU table of the package: the roofline model reads its bandwidth and
+SM count, ``tvm_stitch.schedule.occupancy`` its per-SM and per-block limits): bandwidth and SM
+counts are the vendors' (H200 SXM 4.8 TB/s HBM3e, 132 SMs; A100 SXM 2.0 TB/s (80 GB) HBM2e,
+108 SMs; V100 SXM2 0.9 TB/s HBM2, 80 SMs). Per-SM limits are those of NVIDIA's CUDA occupancy
+calculator for compute capability 7.0, 8.0 and 9.0: 2048 threads, 32 blocks, 64K 32-bit
+registers allocated per warp in units of 256, at most 255 registers per thread; shared memory
+per SM 96 KB (7.0), 164 KB (8.0), 228 KB (9.0), with 1 KB reserved by CUDA per resident block
+since 8.0; 48 KB of static shared memory per block on all three. DRAM latency is one round
+figure, 600 ns: pointer-chasing microbenchmarks put loaded HBM latency on Volta to Hopper
+between about 400 and 800 ns (Jia et al., "Dissecting the NVIDIA Volta GPU Architecture via
+Microbenchmarking", 2018; Chips and Cheese's GPU memory latency tests), and one figure keeps
+the model explainable. Four accesses in flight per
 thread is an assumption: TVM unrolls the short loops of memory-bound kernels, so a thread
 issues a few independent loads before the first returns.
 
@@ -43,14 +48,23 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class GPU:
-    """What the roofline model needs to know about one GPU."""
+    """One GPU: what the roofline model and the occupancy calculation need to know."""
 
     name: str
+    arch: str  # CUDA architecture, as nvcc spells it
     bandwidth: float  # peak DRAM bandwidth, bytes per second
     sms: int
     launch_overhead_us: float
+    shared_bytes_per_sm: int  # shared memory one SM can give to resident blocks
+    reserved_shared_per_block: int = 1024  # CUDA's own shared memory per resident block
+    shared_bytes_per_block: int = 49152  # static shared memory limit of one block
     max_threads_per_sm: int = 2048
     max_blocks_per_sm: int = 32
+    max_threads_per_block: int = 1024
+    registers_per_sm: int = 65536
+    max_registers_per_thread: int = 255
+    register_granularity: int = 256  # registers are allocated per warp in these units
+    warp_size: int = 32
     dram_latency_ns: float = 600.0
     loads_in_flight_per_thread: int = 4
 
@@ -63,11 +77,23 @@ class GPU:
 GPUS: dict[str, GPU] = {
     gpu.name: gpu
     for gpu in (
-        GPU("H200", bandwidth=4.8e12, sms=132, launch_overhead_us=3.0),
-        GPU("A100", bandwidth=2.0e12, sms=108, launch_overhead_us=4.0),
-        GPU("V100", bandwidth=0.9e12, sms=80, launch_overhead_us=5.0),
+        GPU("H200", "sm_90", bandwidth=4.8e12, sms=132, launch_overhead_us=3.0,
+            shared_bytes_per_sm=228 * 1024),
+        GPU("A100", "sm_80", bandwidth=2.0e12, sms=108, launch_overhead_us=4.0,
+            shared_bytes_per_sm=164 * 1024),
+        GPU("V100", "sm_70", bandwidth=0.9e12, sms=80, launch_overhead_us=5.0,
+            shared_bytes_per_sm=96 * 1024, reserved_shared_per_block=0),
     )
 }
+
+
+def gpu_of_arch(arch: str) -> GPU:
+    """The GPU of ``GPUS`` with CUDA architecture ``arch`` (``sm_90`` -> H200)."""
+    for gpu in GPUS.values():
+        if gpu.arch == arch:
+            return gpu
+    known = ", ".join(f"{g.arch} ({g.name})" for g in GPUS.values())
+    raise ValueError(f"no GPU of architecture {arch!r} in the table; known: {known}")
 
 
 @dataclass(frozen=True)

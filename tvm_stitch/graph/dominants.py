@@ -4,7 +4,9 @@ An edge producer -> consumer inside a group is Local when the consumer reads the
 result once, element by element (the same thread can compute both); it is Regional when the
 consumer reads it several times or at other positions (a reduction reading its input row in
 several phases, a reduction result broadcast back over the row): the producer's result is then
-kept in shared memory for the thread block. Unconnected parts of a group are Independent.
+kept in shared memory for the thread block. A column reduction's result (and what is computed
+from it alone) is needed by every thread block: the edge from it back to row space is Global.
+Unconnected parts of a group are Independent.
 
 Dominant candidates are reductions, expensive element-wise ops that feed a Regional edge (a
 broadcast), and ops whose result leaves the group. Candidates connected through Local edges
@@ -19,11 +21,22 @@ from .grouping import OpGroup
 from .ops import OpKind
 
 
-def edge_scheme(producer: Node, consumer: Node) -> Scheme:
-    """The scheme of the dependence ``producer`` -> ``consumer`` (both call_tir ops)."""
+def edge_scheme(producer: Node, consumer: Node, columns: frozenset[int] = frozenset()
+                ) -> Scheme:
+    """The scheme of the dependence ``producer`` -> ``consumer`` (both call_tir ops).
+
+    ``columns`` are the nodes in column space (``OpGroup.columns``): a column result read
+    back in row space is needed by every thread block, across blocks (Global); a column
+    reduction accumulates each element it reads in the thread that computed it (Local, when
+    it reads the producer once).
+    """
     info = consumer.info
     positions = [i for i, arg in enumerate(consumer.inputs) if arg.same_as(producer.var)]
     reads = sum(info.input_reads[i] for i in positions)
+    if producer.index in columns and consumer.index not in columns:
+        return Scheme.GLOBAL
+    if producer.index in columns or consumer.index in columns:
+        return Scheme.LOCAL if reads == 1 else Scheme.REGIONAL
     aligned = all(info.input_aligned[i] for i in positions)
     return Scheme.LOCAL if reads == 1 and aligned else Scheme.REGIONAL
 
@@ -46,7 +59,7 @@ def analyse(group: OpGroup) -> tuple[tuple[Dominant, ...], tuple[Edge, ...]]:
         for p in node.producers:
             if p not in members:
                 continue
-            scheme = edge_scheme(graph.nodes[p], node)
+            scheme = edge_scheme(graph.nodes[p], node, group.columns)
             edges.append(Edge(graph.nodes[p].label, node.label, scheme))
             if scheme is Scheme.LOCAL:
                 local[p].add(node.index)
@@ -56,7 +69,7 @@ def analyse(group: OpGroup) -> tuple[tuple[Dominant, ...], tuple[Edge, ...]]:
     outputs = {n.index for n in group_outputs(group)}
     kinds: dict[int, str] = {}
     for node in group.nodes:
-        if node.info.kind is OpKind.ROW_REDUCE:
+        if node.info.kind in (OpKind.ROW_REDUCE, OpKind.COLUMN_REDUCE):
             kinds[node.index] = "reduction"
         elif node.info.expensive and node.index in regional_out:
             kinds[node.index] = "expensive"

@@ -5,10 +5,12 @@
    trip through DRAM compared with TVM.
 2. Memory-intensive ops merge along their dataflow edges into clusters, as long as the
    cluster stays convex (no path leaves it and comes back: that would be a cycle between
-   kernels) and keeps one row space (the kernel maps threads to rows of one size).
+   kernels) and keeps one row space (the kernel maps threads to rows of one size). A column
+   reduction belongs to the row space of the rows it reduces; it and the ops that only combine
+   its results live in column space (one value per column) and fit any row space.
 3. Unconnected clusters with the same row space merge when no cycle forms (remote stitching).
 
-Ops that are memory-intensive but cannot be stitched (a column reduction, a symbolic shape,
+Ops that are memory-intensive but cannot be stitched (a window reduction, a symbolic shape,
 several outputs, ...) are left out with their reason, together with what FuseOps fuses with
 them, and go through TVM's FuseOps.
 """
@@ -21,18 +23,13 @@ from ..plan import ComputeOp, Fallback, Refusal
 from .dataflow import DataflowGraph, Node
 from .ops import OpKind
 
-FEW_ROWS_SMS = 132
-"""Streaming multiprocessors assumed when judging whether a reduction has too few rows (H200)."""
-
-LONG_ROW = 16384
-"""Row length above which a reduction with few rows needs task splitting (next issue)."""
-
 
 @dataclass
 class _Cluster:
     members: int  # bit set of node indices
     rows: int | None  # row count of its reductions, None while it has none
-    row_counts: frozenset[int]  # row counts every op's output can be split into
+    row_counts: frozenset[int] | None  # row counts every op's output splits into (None: any)
+    whole: int | None = None  # elements its reductions to a single value reduce, if any
 
     @property
     def first(self) -> int:
@@ -105,11 +102,17 @@ class _Quotient:
 
 @dataclass
 class OpGroup:
-    """A group of ops of one dataflow block that will become one kernel."""
+    """A group of ops of one dataflow block that will become one kernel.
+
+    ``columns`` are the members in column space: column reductions and the ops that only
+    combine their results (one value per column); what they produce reaches the other
+    members across thread blocks (Global stitching).
+    """
 
     graph: DataflowGraph
     members: tuple[int, ...]
     rows: int | None
+    columns: frozenset[int] = frozenset()
 
     @property
     def nodes(self) -> list[Node]:
@@ -145,7 +148,7 @@ def group_ops(graph: DataflowGraph, excluded: dict[str, str] | None = None,
         info = node.info
         if info is None:
             continue
-        reason = excluded.get(node.name) or info.unsupported or _too_few_rows(node)
+        reason = excluded.get(node.name) or info.unsupported
         if reason:
             reasons[node.index] = reason
         elif info.kind.memory_intensive:
@@ -164,7 +167,8 @@ def group_ops(graph: DataflowGraph, excluded: dict[str, str] | None = None,
         else:
             detail = node.info.detail or node.info.kind.value
             result.compute.append(ComputeOp(node.label, detail, labels))
-    clusters = {i: _singleton(graph.nodes[i]) for i in sorted(candidates)}
+    columns = column_space(graph, candidates)
+    clusters = {i: _singleton(graph.nodes[i], i in columns) for i in sorted(candidates)}
     quotient = _Quotient(graph)
     for node in graph.nodes:
         if node.index not in candidates:
@@ -189,28 +193,55 @@ def group_ops(graph: DataflowGraph, excluded: dict[str, str] | None = None,
         c = clusters[key]
         members = tuple(i for i in range(len(graph.nodes)) if c.members >> i & 1)
         nodes = [graph.nodes[i] for i in members]
-        if len(nodes) == 1 and nodes[0].info.kind is not OpKind.ROW_REDUCE:
+        if len(nodes) == 1 and nodes[0].info.kind not in (OpKind.ROW_REDUCE,
+                                                          OpKind.COLUMN_REDUCE):
             result.fallbacks.append(Fallback((nodes[0].label,),
                                              "a single injective op: nothing to stitch"))
             continue
-        result.groups.append(OpGroup(graph, members, c.rows))
+        if c.rows is None and c.whole is not None:  # reductions to one value, on their own
+            result.groups.append(OpGroup(graph, members, 1))
+            continue
+        result.groups.append(OpGroup(graph, members, c.rows,
+                                     frozenset(i for i in members if i in columns)))
     return result
 
 
+def _reduces_to_one(node: Node) -> bool:
+    """A reduction of all its input to a single value (a row reduction of one row)."""
+    return node.info.kind is OpKind.ROW_REDUCE and node.info.rows == 1
 
-def _too_few_rows(node: Node) -> str:
+
+def column_space(graph: DataflowGraph, candidates: set[int]) -> set[int]:
+    """Candidates whose results have one value per column: column reductions, reductions to
+    a single value (a column reduction of one column, when they join a group with rows), and
+    ops that read only such results (and constants or inputs no larger) and keep their size."""
+    found: set[int] = set()
+    for node in graph.nodes:
+        if node.index not in candidates:
+            continue
+        if node.info.kind is OpKind.COLUMN_REDUCE or _reduces_to_one(node):
+            found.add(node.index)
+            continue
+        producers = [graph.nodes[p] for p in node.producers]
+        if producers and all(p.index in found for p in producers) \
+                and node.info.out_size == max(p.info.out_size for p in producers):
+            found.add(node.index)
+    return found
+
+
+def _singleton(node: Node, column: bool) -> _Cluster:
     info = node.info
-    if info.kind is OpKind.ROW_REDUCE and info.rows < FEW_ROWS_SMS // 4 \
-            and info.row_length > LONG_ROW:
-        return (f"{info.rows} row(s) of {info.row_length}: needs task splitting over several "
-                "blocks (next issue)")
-    return ""
+    counts = None if column else info.row_counts
+    if _reduces_to_one(node):
+        return _Cluster(1 << node.index, None, counts, whole=info.row_length)
+    reduces = info.kind in (OpKind.ROW_REDUCE, OpKind.COLUMN_REDUCE)
+    return _Cluster(1 << node.index, info.rows if reduces else None, counts)
 
 
-def _singleton(node: Node) -> _Cluster:
-    info = node.info
-    rows = info.rows if info.kind is OpKind.ROW_REDUCE else None
-    return _Cluster(1 << node.index, rows, info.row_counts)
+def _common_counts(a: frozenset[int] | None, b: frozenset[int] | None) -> frozenset[int] | None:
+    if a is None or b is None:
+        return b if a is None else a
+    return a & b
 
 
 def output_sizes(graph: DataflowGraph, members: int) -> set[int]:
@@ -229,17 +260,20 @@ def _merge(quotient: _Quotient, a: _Cluster, b: _Cluster, ua: int, ub: int
     rows = a.rows if a.rows is not None else b.rows
     if a.rows is not None and b.rows is not None and a.rows != b.rows:
         return None, f"different row counts ({a.rows} and {b.rows})"
-    counts = a.row_counts & b.row_counts
+    wholes = {w for w in (a.whole, b.whole) if w is not None}
+    if len(wholes) > 1 or (rows is not None and wholes and wholes != {rows}):
+        return None, "a reduction to one value over other rows"
+    counts = _common_counts(a.row_counts, b.row_counts)
     if rows is None:
         if len(output_sizes(quotient.graph, a.members | b.members)) != 1:
             return None, "element-wise outputs of different sizes"
-    elif rows not in counts:
+    elif counts is not None and rows not in counts:
         return None, f"an op cannot be split into {rows} rows"
     for x, y in ((ua, ub), (ub, ua)):
         through = quotient.detour(x, y)
         if through is not None:
             return None, f"cycle through {quotient.graph.nodes[through].label}"
-    return _Cluster(a.members | b.members, rows, counts), ""
+    return _Cluster(a.members | b.members, rows, counts, a.whole or b.whole), ""
 
 
 def _emittable(c: _Cluster) -> bool:

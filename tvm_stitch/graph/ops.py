@@ -52,8 +52,10 @@ class OpInfo:
 
     ``input_reads[i]`` counts the loads of input parameter ``i`` over all blocks;
     ``input_aligned[i]`` says every one of them reads the element at the position the op
-    writes (a one-to-one dependence). ``unsupported`` is non-empty when the op is
-    memory-intensive but cannot be stitched, and says why.
+    writes (a one-to-one dependence). ``rows`` and ``row_length`` are the rows of a row
+    reduction and their length, or the rows a column reduction reduces and the columns it
+    keeps. ``unsupported`` is non-empty when the op is memory-intensive but cannot be
+    stitched, and says why.
     """
 
     kind: OpKind
@@ -138,12 +140,9 @@ def classify(func: tirx.PrimFunc, num_outputs: int = 1) -> OpInfo:
         reused = _reused_input(b)
         if reused:
             return OpInfo(OpKind.COMPUTE, **{**base, "detail": f"block {b.name} re-uses {reused}"})
-    for b in reductions:
-        why = _not_row_reduction(b)
-        if why:
-            return OpInfo(OpKind.COLUMN_REDUCE, **{**base, "detail": why},
-                          unsupported=f"column or window reduction ({why}): needs the column "
-                                      "mapping and Global stitching (next issue)")
+    not_rows = [why for why in map(_not_row_reduction, reductions) if why]
+    if not_rows:
+        return _column_reduction(reductions, base, not_rows[0])
     rows = {prod(b.extents[v] for v in b.spatial) for b in reductions}
     if len(rows) != 1:
         return OpInfo(OpKind.ROW_REDUCE, **{**base, "detail": "different row counts"},
@@ -249,6 +248,43 @@ def _reused_input(block: _Block) -> str:
         for s in block.spatial:
             if block.extents[s] > 1 and not any(_uses(i, s) for i in indices):
                 return buf.name
+    return ""
+
+
+def _column_reduction(reductions: list[_Block], base: dict, why: str) -> OpInfo:
+    """A reduction that is not a row reduction: a column reduction (the reduced axes lead,
+    the kept ones trail) over ``rows`` rows of ``row_length`` columns, which Global stitching
+    handles, or a window or mixed reduction, which it does not."""
+    detail = {**base, "detail": why}
+    reasons = [r for r in map(_not_column_reduction, reductions) if r]
+    if reasons:
+        return OpInfo(OpKind.COLUMN_REDUCE, **detail,
+                      unsupported=f"window or mixed reduction ({reasons[0]})")
+    rows = {prod(b.extents[v] for v in b.reduce) for b in reductions}
+    columns = {prod(b.extents[v] for v in b.spatial) for b in reductions}
+    if len(rows) != 1 or len(columns) != 1:
+        return OpInfo(OpKind.COLUMN_REDUCE, **detail,
+                      unsupported="its column reductions use different shapes")
+    return OpInfo(OpKind.COLUMN_REDUCE, **detail, rows=rows.pop(), row_length=columns.pop())
+
+
+def _not_column_reduction(block: _Block) -> str:
+    """Why ``block`` is not a column reduction (empty if it is): every buffer it reads along
+    its reduction axes must be indexed by reduction axes in its leading dimensions and by
+    spatial axes in the trailing ones."""
+    for buf, indices in block.loads:
+        kinds = []
+        for idx in indices:
+            has_r = any(_uses(idx, r) for r in block.reduce)
+            has_s = any(_uses(idx, s) for s in block.spatial)
+            if has_r and has_s:
+                return f"block {block.name} reads {buf.name} with mixed indices"
+            kinds.append("R" if has_r else "S" if has_s else "")
+        if "R" not in kinds:
+            continue
+        last_r = max(i for i, k in enumerate(kinds) if k == "R")
+        if "S" in kinds[:last_r]:
+            return f"block {block.name} reduces {buf.name} over an inner axis too"
     return ""
 
 

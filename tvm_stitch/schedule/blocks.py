@@ -92,6 +92,38 @@ def narrow_indices(func: tirx.PrimFunc) -> tirx.PrimFunc:
     return mod["main"]
 
 
+def unique_buffer_names(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` with every buffer it allocates named differently from the others and from the
+    parameters (FuseTIR can leave two intermediates with one name; the blocks a schedule adds
+    are named after their buffers, and blocks are looked up by name)."""
+    root = func.body.block
+    seen = {p.name for p in func.params}
+    renamed: list[tuple[tirx.Buffer, tirx.Buffer]] = []
+    for buf in root.alloc_buffers:
+        name = buf.name
+        k = 0
+        while name in seen:
+            k += 1
+            name = f"{buf.name}_{k}"
+        seen.add(name)
+        if name != buf.name:
+            renamed.append((buf, tirx.decl_buffer(buf.shape, buf.dtype, name=name,
+                                                  scope=buf.scope())))
+    if not renamed:
+        return func
+
+    def on_var(var: tvm.ir.Var) -> tvm.ir.Var:
+        return next((new for old, new in renamed if var.same_as(old)), var)
+
+    return tvm_ffi.structural_map(func, [(tvm.ir.Var, on_var)])
+
+
+def prepare(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """The form of a fused PrimFunc that decisions and emission both start from: unique
+    buffer names, 32-bit indices where possible."""
+    return narrow_indices(unique_buffer_names(func))
+
+
 def add_unit_loops(sch: s_tir.Schedule) -> None:
     """Give a block without loops (a scalar, all iterators of extent 1) one unit loop per
     iterator, so every block has the loop-per-iterator form the mapping expects."""
@@ -104,13 +136,17 @@ def add_unit_loops(sch: s_tir.Schedule) -> None:
                 sch.add_unit_loop(block)
 
 
-def cache_reused_outputs(sch: s_tir.Schedule, func: tirx.PrimFunc, scope: str) -> list[str]:
+def cache_reused_outputs(sch: s_tir.Schedule, func: tirx.PrimFunc, scope: str,
+                         writers: set[str] | None = None) -> list[str]:
     """Give every output that is also read inside the kernel an on-chip copy (``scope``) that
     the readers use, so the block computing it stops being an output block; returns their
-    names."""
+    names. With ``writers``, only outputs written by those blocks (the others are read back
+    from global memory)."""
     names = []
     for param in written_params(func, sch):
         block, index = writer(sch, param.name)
+        if writers is not None and name_of(sch, block) not in writers:
+            continue
         users = readers(sch, param, exclude=block)
         if users:
             sch.cache_write(block, index, scope, consumer_blocks=users)

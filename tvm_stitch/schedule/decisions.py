@@ -23,14 +23,16 @@ Works on the fused PrimFunc of a group (FuseTIR's output), block by block:
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field, replace
 from math import prod
 
 from tvm import s_tir, tirx
 from tvm.target import Target
 
-from ..lowering import lower
-from ..plan import Buffer, Group, StorageLevel, ThreadMapping
+from ..analysis.roofline import GPU
+from ..lowering import LoweredFunc, lower
+from ..plan import Buffer, Group, Launch, MappingKind, Phase, StorageLevel, ThreadMapping
 from ..target import MAX_SHARED_MEMORY_PER_BLOCK, MAX_THREADS_PER_BLOCK, WARP_SIZE
 from .blocks import (
     LOCAL,
@@ -40,12 +42,25 @@ from .blocks import (
     child_blocks,
     load_count,
     name_of,
-    narrow_indices,
+    prepare,
     readers,
     written_params,
 )
-from .emit import emit
-from .mapping import flat_mapping, row_mapping, row_steps, with_rows_per_block
+from .emit import kernel
+from .mapping import divisors, flat_mapping, row_mapping, row_steps, with_rows_per_block
+from .occupancy import device_of, kernel_shared_bytes, launch_config
+from .phases import (
+    COLUMN,
+    COLUMN_SPACE,
+    COMBINE,
+    ROW,
+    Roles,
+    assign_roles,
+    column_reductions,
+    column_view,
+    crossings,
+    normalise_column,
+)
 from .rows import (
     BlockRows,
     Unstitchable,
@@ -55,6 +70,9 @@ from .rows import (
     row_elements,
     rows_sharing,
 )
+from .task_split import split_parts, split_rows
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -108,30 +126,64 @@ def decide(func: tirx.PrimFunc, group: Group, rows: int | None,
            target: Target | None = None) -> Group:
     """``group`` completed with its kernel decisions for ``func``; raises Unstitchable.
 
-    The decisions are checked by scheduling ``func`` with them once (``emit``).
+    The decisions are checked by scheduling ``func`` with them once (``kernel``) and, given a
+    target, building it; the launch configuration is settled against the shared memory the
+    built kernel really declares.
     """
     budget, max_threads = target_budget(target)
-    func = narrow_indices(func)
+    gpu = device_of(target)
+    func = prepare(func)
     sch = s_tir.Schedule(func)
     add_unit_loops(sch)
     _check_flat_structure(sch)
-    reused = cache_reused_outputs(sch, func, LOCAL if rows is None else SHARED)
     if rows is None:
-        done = _decide_flat(sch, func, group, reused, max_threads)
+        reused = cache_reused_outputs(sch, func, LOCAL)
+        done = _decide_flat(sch, func, group, reused, max_threads, gpu)
+    elif column_reductions(sch, rows):
+        done = _decide_global(sch, func, group, rows, budget, max_threads, gpu)
     else:
-        done = _decide_rows(sch, func, group, rows, reused, budget, max_threads)
+        done = _decide_split(func, group, rows, budget, max_threads, gpu)
+        if done is None:
+            reused = cache_reused_outputs(sch, func, SHARED)
+            done = _decide_rows(sch, func, group, rows, reused, budget, max_threads, gpu)
+    scheduled = _schedule(func, done)
+    if target is None:
+        return done
+    settled = _settle_launch(done, _lower(scheduled, done, target), gpu)
+    if settled is not done:
+        _lower(_schedule(func, settled), settled, target)
+    return settled
+
+
+def _schedule(func: tirx.PrimFunc, group: Group) -> tirx.PrimFunc:
     try:
-        scheduled = emit(func, done).mod["main"]
+        return kernel(func, group).func
     except Unstitchable:
         raise
     except Exception as err:  # noqa: BLE001 - any schedule error means: fall back
         raise Unstitchable(f"scheduling failed: {error_summary(err)}") from err
-    if target is not None:
-        try:
-            lower(scheduled, done.function or "stitched", target)
-        except Exception as err:  # noqa: BLE001 - the kernel must build, or fall back
-            raise Unstitchable(f"lowering failed: {error_summary(err)}") from err
-    return done
+
+
+def _lower(scheduled: tirx.PrimFunc, group: Group, target: Target) -> LoweredFunc:
+    try:
+        return lower(scheduled, group.function or "stitched", target)
+    except Exception as err:  # noqa: BLE001 - the kernel must build, or fall back
+        raise Unstitchable(f"lowering failed: {error_summary(err)}") from err
+
+
+def _settle_launch(group: Group, lowered: LoweredFunc, gpu: GPU) -> Group:
+    """``group`` with its launch configuration recomputed from the shared memory its built
+    kernel declares, when that differs from the plan's estimate; a persistent grid shrinks
+    to the new wave if it must (its phases loop over more tasks per block)."""
+    launch = group.launch
+    declared = max((kernel_shared_bytes(lowered.kernel(k.kernel)) for k in lowered.launches),
+                   default=0)
+    if launch is None or declared == launch.shared_bytes:
+        return group
+    settled = _launch(gpu, launch.threads, declared, launch.grid)
+    if group.phases:
+        settled = replace(settled, grid=min(launch.grid, settled.wave))
+    return replace(group, launch=settled)
 
 
 def _check_flat_structure(sch: s_tir.Schedule) -> None:
@@ -143,7 +195,7 @@ def _check_flat_structure(sch: s_tir.Schedule) -> None:
 
 
 def _decide_flat(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, reused: list[str],
-                 max_threads: int) -> Group:
+                 max_threads: int, gpu: GPU) -> Group:
     """Element-wise group: each thread owns one element. A producer read once is inlined; one
     read more often is computed once into a register of the thread, if every reader reads the
     thread's own element (else it is recomputed); inputs read at several places likewise."""
@@ -183,9 +235,11 @@ def _decide_flat(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, reused:
                                  f"read at {sites} places"))
     buffers = tuple(Buffer(n, "output", StorageLevel.REGISTER, 0,
                            "written out and read inside the kernel") for n in reused)
-    return replace(group, mapping=flat_mapping(size, max_threads), inlined=tuple(inlined),
+    mapping = flat_mapping(size, max_threads)
+    return replace(group, mapping=mapping, inlined=tuple(inlined),
                    buffers=buffers + tuple(kept) + tuple(staged), shared_bytes=0,
-                   shared_budget=0)
+                   shared_budget=0,
+                   launch=_launch(gpu, mapping.threads_per_block, 0, mapping.blocks))
 
 
 def _element_aligned(sch: s_tir.Schedule, blocks: list, buffer: tirx.Buffer, size: int
@@ -209,7 +263,7 @@ def _writes_param(sch: s_tir.Schedule, func: tirx.PrimFunc, block) -> bool:
 
 
 def _decide_rows(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: int,
-                 reused: list[str], budget: int, max_threads: int) -> Group:
+                 reused: list[str], budget: int, max_threads: int, gpu: GPU) -> Group:
     """Row group: every block walks the ``rows`` rows first (checked), then its elements."""
     infos = {name_of(sch, b): block_rows(sch, b, rows) for b in child_blocks(sch)}
     _check_alignment(sch, infos, rows)
@@ -219,13 +273,252 @@ def _decide_rows(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: i
     _decide_staging(sch, func, infos, rows, dec)
     dec.reductions = sum(1 for info in infos.values() if info.is_reduction)
     length = max(info.elements for info in infos.values())
-    mapping = row_mapping(rows, length, rows, max_threads)
-    mapping = _pack_vertically(dec, mapping)
+    mapping = row_mapping(rows, length, rows, max_threads, gpu)
     mapping = _fit_budget(sch, dec, mapping, budget)
+    mapping = _pack_vertically(dec, mapping, gpu)
+    shared = _shared_bytes(dec, mapping)
     return replace(group, mapping=mapping, inlined=tuple(dec.inlined),
                    buffers=_buffers(dec, mapping, reused),
-                   shared_bytes=_shared_bytes(dec, mapping), shared_budget=budget,
-                   demotions=tuple(dec.demotions))
+                   shared_bytes=shared, shared_budget=budget,
+                   demotions=tuple(dec.demotions),
+                   launch=_launch(gpu, mapping.threads_per_block, shared, mapping.blocks))
+
+
+SPLIT_THREADS = 512
+"""Threads per block of a split row group: each part of a row gets at least that many
+elements."""
+
+SPLIT_MIN_LENGTH = 2048
+"""Rows shorter than this are never split (a block per row is then short work anyway)."""
+
+
+def _decide_split(func: tirx.PrimFunc, group: Group, rows: int, budget: int,
+                  max_threads: int, gpu: GPU) -> Group | None:
+    """Task splitting: a row group with fewer rows than the GPU has SMs, and long rows, split
+    each row over several blocks (``task_split``) and stitched Globally over the sub-rows;
+    None when the rows should not or cannot be split (a block per row then)."""
+    sch = s_tir.Schedule(func)
+    add_unit_loops(sch)
+    length = max(block_rows(sch, b, rows).elements for b in child_blocks(sch))
+    threads = min(SPLIT_THREADS, max_threads)
+    if rows >= gpu.sms or length < SPLIT_MIN_LENGTH:
+        return None
+    parts = split_parts(rows, length, _launch(gpu, threads, 0).wave, threads)
+    if parts == 1:
+        return None
+    try:
+        split_rows(sch, func, rows, parts)
+        done = _decide_global(sch, func, group, rows * parts, budget, max_threads, gpu,
+                              threads=threads)
+    except Exception as err:  # noqa: BLE001 - cannot split: a block per row instead
+        logger.debug("no task splitting for %s: %s", group.ops, error_summary(err))
+        return None
+    return replace(done, row_split=parts)
+
+
+def _decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: int,
+                   budget: int, max_threads: int, gpu: GPU, threads: int | None = None
+                   ) -> Group:
+    """Group with column reductions (Global stitching): row phases and column phases
+    (``phases``) on a persistent grid of at most one wave, one row per block at a time.
+
+    Row blocks are decided as in a Regional group, each column reduction keeps a partial sum
+    per row tile in shared memory (``accumulator``) that it writes out (``partial``), and the
+    next column phase combines them. A row intermediate read in a later phase is recomputed
+    there (inlined): nothing but global memory survives a grid barrier. ``threads`` fixes
+    the block size (else the row mapping's).
+    """
+    for name in column_reductions(sch, rows):
+        normalise_column(sch, sch.get_sblock(name))
+    roles = assign_roles(sch, rows)
+    reused = cache_reused_outputs(sch, func, SHARED, writers=set(roles.of_kind(ROW)))
+    roles = assign_roles(sch, rows)
+    dec = _Decisions()
+    _decide_inlining(sch, func, _row_infos(sch, rows, roles), rows, dec)
+    _inline_column_space(sch, func, assign_roles(sch, rows), dec)
+    roles = _inline_crossings(sch, rows, dec)
+    infos = _row_infos(sch, rows, roles)
+    columns = {name: column_view(sch, sch.get_sblock(name)) for name in roles.columns}
+    _decide_staging(sch, func, {**infos, **columns}, rows, dec, roles.levels)
+    dec.reductions = sum(1 for info in infos.values() if info.is_reduction)
+    length = max([i.elements for i in infos.values()] + list(roles.columns.values()))
+    per_row = threads or row_mapping(rows, length, 1, max_threads, gpu).threads_per_row
+    mapping = ThreadMapping(MappingKind.BLOCK_PER_ROW, rows, length, 1,
+                            max(per_row, WARP_SIZE))
+    _keep_partials_global(sch, roles, dec)
+    accumulators = {name: roles.columns[name] * _bytes(sch.get(sch.get_sblock(name)).writes[0]
+                                                        .source)
+                    for name in roles.columns}
+    room = budget - sum(accumulators.values())
+    if room < budget * 3 // 4:
+        raise Unstitchable(f"partial sums of the column reductions need "
+                           f"{sum(accumulators.values())} B of shared memory per block, more "
+                           f"than a quarter of {budget} B: needs tiles of columns")
+    mapping = _fit_budget(sch, dec, mapping, room)
+    roles = assign_roles(sch, rows)
+    staged = _phase_inputs(sch, roles, rows, budget - _shared_bytes(dec, mapping)
+                           - sum(accumulators.values()))
+    shared = _shared_bytes(dec, mapping) + sum(accumulators.values()) \
+        + sum(b.shared_bytes for b in staged)
+    launch = _launch(gpu, mapping.threads_per_block, shared)
+    tiles = _row_tiles(rows, launch.wave, bool(roles.columns))
+    mapping = replace(mapping, row_steps=rows // tiles)
+    for b in list(dec.block_shared):
+        if b.span % mapping.row_steps:
+            dec.block_shared.remove(b)
+            dec.global_reads.append(Buffer(b.name, "input", StorageLevel.GLOBAL, 0,
+                                           f"shared by runs of {b.span} rows, not by the "
+                                           f"{mapping.row_steps} rows of a tile"))
+    phases = _phases(roles, tiles, mapping.threads_per_block)
+    grid = min(launch.wave, max(p.tasks for p in phases))
+    partials = tuple(
+        Buffer(name, "partial", StorageLevel.GLOBAL, 0,
+               f"{tiles} x {roles.columns[name]} partial sums, combined in the next phase",
+               name) for name in roles.columns)
+    sums = tuple(Buffer(name, "accumulator", StorageLevel.SHARED, size,
+                        "partial sum of the block's row tile", name)
+                 for name, size in accumulators.items())
+    return replace(group, mapping=mapping, inlined=tuple(dec.inlined),
+                   buffers=_buffers(dec, mapping, reused) + sums + partials + staged,
+                   shared_bytes=shared, shared_budget=budget,
+                   demotions=tuple(dec.demotions), launch=replace(launch, grid=grid),
+                   phases=phases)
+
+
+def _phase_inputs(sch: s_tir.Schedule, roles: Roles, rows: int, room: int
+                  ) -> tuple[Buffer, ...]:
+    """Results of column phases that a later row phase reads, staged in shared memory for
+    that phase's readers: once per block when no reader's index depends on the row (a mean
+    per column), else once per row when it is one value per row (a split row's maximum);
+    within ``room`` bytes."""
+    found: list[Buffer] = []
+    for name, kind in roles.kinds.items():
+        if kind not in (COLUMN, COLUMN_SPACE, COMBINE):
+            continue
+        block = sch.get_sblock(name)
+        buffer = sch.get(block).writes[0].source
+        by_level: dict[int, list[str]] = {}
+        for user in readers(sch, buffer, exclude=block, affine=True):
+            user_name = name_of(sch, user)
+            if roles.kinds[user_name] in (ROW, COLUMN) \
+                    and roles.levels[user_name] > roles.levels[name]:
+                by_level.setdefault(roles.levels[user_name], []).append(user_name)
+        size = prod(int(d) for d in buffer.shape) * _bytes(buffer)
+        for users in by_level.values():
+            per_block = all(_row_independent(sch, u, buffer, rows, roles) for u in users)
+            staged = size if per_block else _bytes(buffer)
+            if staged > room or (not per_block and size > rows * _bytes(buffer)):
+                continue
+            room -= staged
+            note = ("read alike by every row: once per block" if per_block
+                    else "one value per row: once per row")
+            found.append(Buffer(buffer.name, "phase input", StorageLevel.SHARED, staged,
+                                note, users[0], per_block))
+    return tuple(found)
+
+
+def _row_independent(sch: s_tir.Schedule, name: str, buffer: tirx.Buffer, rows: int,
+                     roles: Roles) -> bool:
+    """Whether block ``name`` reads ``buffer`` at places that do not depend on its row."""
+    block = sch.get_sblock(name)
+    info = column_view(sch, block) if roles.kinds[name] == COLUMN \
+        else block_rows(sch, block, rows)
+    return all(rows_sharing(info, r) == rows for r in sch.get(block).reads
+               if r.source.same_as(buffer))
+
+
+def _launch(gpu: GPU, threads: int, shared_bytes: int, grid: int = 0) -> Launch:
+    try:
+        return launch_config(gpu, threads, shared_bytes, grid)
+    except ValueError as err:
+        raise Unstitchable(str(err)) from err
+
+
+def _keep_partials_global(sch: s_tir.Schedule, roles: Roles, dec: _Decisions) -> None:
+    """Reduction results that a later phase combines (split rows) stay in global memory."""
+    combines = set(roles.of_kind(COMBINE))
+    for result in list(dec.results):
+        block = sch.get_sblock(result.block)
+        buffer = sch.get(block).writes[0].source
+        if any(name_of(sch, r) in combines for r in readers(sch, buffer, exclude=block)):
+            dec.results.remove(result)
+
+
+def _row_infos(sch: s_tir.Schedule, rows: int, roles: Roles) -> dict[str, BlockRows]:
+    return {name: block_rows(sch, sch.get_sblock(name), rows) for name in roles.of_kind(ROW)}
+
+
+def _inline_column_space(sch: s_tir.Schedule, func: tirx.PrimFunc, roles: Roles,
+                         dec: _Decisions) -> None:
+    """A column-space block read once, by one column-space block, is computed by it."""
+    for name in reversed(roles.of_kind(COLUMN_SPACE)):
+        block = sch.get_sblock(name)
+        if _writes_param(sch, func, block):
+            continue
+        buffer = sch.get(block).writes[0].source
+        users = readers(sch, buffer, exclude=block)
+        if len(users) == 1 and load_count(sch, users[0], buffer) == 1 \
+                and roles.kinds[name_of(sch, users[0])] == COLUMN_SPACE:
+            sch.compute_inline(block)
+            dec.inlined.append(name)
+
+
+def _inline_crossings(sch: s_tir.Schedule, rows: int, dec: _Decisions) -> Roles:
+    """Recompute every row intermediate read in a later phase where it is read; returns the
+    roles that result."""
+    while True:
+        roles = assign_roles(sch, rows)
+        found = crossings(sch, roles)
+        if not found:
+            return roles
+        producer, consumer = found[0]
+        try:
+            sch.compute_inline(sch.get_sblock(producer))
+        except Exception as err:  # noqa: BLE001
+            raise Unstitchable(f"{producer} is read by {consumer} after a grid barrier and "
+                               f"cannot be recomputed: {error_summary(err)}") from err
+        dec.regional = [r for r in dec.regional if r.block != producer]
+        dec.inlined.append(producer)
+
+
+MIN_TILE_ROWS = 8
+"""Rows of a row tile at least, when the rows allow, in a group with column reductions: each
+tile writes one row of partial sums and the next phase reads it back, so this keeps that
+traffic under a quarter of the input's."""
+
+
+def _row_tiles(rows: int, wave: int, partial_sums: bool) -> int:
+    """Row tiles of a persistent grid: the most that divide the rows and fit one wave (with
+    ``partial_sums``, also no more than a tile per ``MIN_TILE_ROWS`` rows)."""
+    most = min(wave, max(1, rows // MIN_TILE_ROWS)) if partial_sums else wave
+    tiles = max(d for d in divisors(rows) if d <= most)
+    if tiles * 8 < min(rows, most):
+        raise Unstitchable(f"{rows} rows do not split into about one wave of {most} tiles "
+                           f"(at most {tiles})")
+    return tiles
+
+
+def _phases(roles: Roles, tiles: int, threads: int) -> tuple[Phase, ...]:
+    """Row phases (``tiles`` tasks) and column phases (a task per ``threads`` columns), by
+    level; a column reduction is in the row phase of its partial sums and in the next column
+    phase, which combines them."""
+    levels: dict[int, list[str]] = {}
+    for name, kind in roles.kinds.items():
+        level = roles.levels[name]
+        levels.setdefault(level, []).append(name)
+        if kind == COLUMN:
+            levels.setdefault(level + 1, []).append(name)
+    phases = []
+    for level in sorted(levels):
+        names = tuple(levels[level])
+        if level % 2 == 0:
+            partials = tuple(n for n in names if roles.kinds[n] == COLUMN)
+            phases.append(Phase("rows", names, tiles, partials=partials))
+        else:
+            width = max(roles.widths[n] for n in names)
+            combines = tuple(n for n in names if n in roles.combines)
+            phases.append(Phase("columns", names, -(-width // threads), combines=combines))
+    return tuple(phases)
 
 
 def _check_alignment(sch: s_tir.Schedule, infos: dict[str, BlockRows], rows: int) -> None:
@@ -249,8 +542,8 @@ def _decide_inlining(sch: s_tir.Schedule, func: tirx.PrimFunc, infos: dict[str, 
     """Local (inline) or Regional (shared) for every block that writes an intermediate."""
     for block in reversed(child_blocks(sch)):
         name = name_of(sch, block)
-        info = infos[name]
-        if _writes_param(sch, func, block):
+        info = infos.get(name)
+        if info is None or _writes_param(sch, func, block):
             continue
         buffer = sch.get(block).writes[0].source
         if info.is_reduction:
@@ -276,14 +569,20 @@ def _decide_inlining(sch: s_tir.Schedule, func: tirx.PrimFunc, infos: dict[str, 
 
 
 def _decide_staging(sch: s_tir.Schedule, func: tirx.PrimFunc, infos: dict[str, BlockRows],
-                    rows: int, dec: _Decisions) -> None:
+                    rows: int, dec: _Decisions, levels: dict[str, int] | None = None) -> None:
     """Inputs read at several places of their row are staged per row; inputs that whole runs
-    of rows read alike are candidates for staging once per thread block."""
+    of rows read alike are candidates for staging once per thread block. Only inputs whose
+    readers all walk rows (``infos``) are staged, and with ``levels`` (the phases of a Global
+    group) only those read in one phase: staged data does not outlive its phase."""
     written = {p.name for p in written_params(func, sch)}
     for param in func.params:
         if param.name in written:
             continue
         users = readers(sch, param, affine=True)
+        names = [name_of(sch, u) for u in users]
+        if any(n not in infos for n in names) or (
+                levels is not None and len({levels[n] for n in names}) > 1):
+            continue
         sites = sum(load_count(sch, u, param) for u in users)
         regions = [(infos[name_of(sch, u)], r) for u in users for r in sch.get(u).reads
                    if r.source.same_as(param)]
@@ -292,10 +591,13 @@ def _decide_staging(sch: s_tir.Schedule, func: tirx.PrimFunc, infos: dict[str, B
         kinds = {access_rows(info, r, rows) for info, r in regions}
         span = min(rows_sharing(info, r) for info, r in regions)
         if kinds == {"aligned"} and span == 1:
+            per_row = row_elements(param, rows)
             if sites >= 2:
-                dec.staged.append(_Staging(param.name, "input",
-                                           row_elements(param, rows) * _bytes(param),
+                dec.staged.append(_Staging(param.name, "input", per_row * _bytes(param),
                                            f"read at {sites} places in the row"))
+            elif any(info.elements > per_row for info, _ in regions):
+                dec.staged.append(_Staging(param.name, "input", per_row * _bytes(param),
+                                           "broadcast over the row: read once per row"))
         elif span > 1 and len(param.shape) > 0:
             size = prod(int(d) for d in param.shape) * span // rows * _bytes(param)
             dec.block_shared.append(_BlockShared(param.name, max(size, _bytes(param)), span))
@@ -304,12 +606,15 @@ def _decide_staging(sch: s_tir.Schedule, func: tirx.PrimFunc, infos: dict[str, B
                                            f"read at {sites} places, not row-aligned"))
 
 
-def _pack_vertically(dec: _Decisions, mapping: ThreadMapping) -> ThreadMapping:
-    """Walk several rows per thread in sequence when inputs shared by runs of rows can then
-    be read once per block; inputs that no block shares are left in global memory."""
+def _pack_vertically(dec: _Decisions, mapping: ThreadMapping, gpu: GPU) -> ThreadMapping:
+    """Walk several groups of rows per block in sequence (vertical packing): as few as keep
+    the grid within one wave, or, when inputs are read alike by runs of rows, as many as
+    leave half a wave of blocks, so that those are staged once per block; inputs that no
+    block then shares are left in global memory."""
+    wave = _launch(gpu, mapping.threads_per_block, _shared_bytes(dec, mapping)).wave
     if dec.block_shared:
         span = min(b.span for b in dec.block_shared)
-        mapping = replace(mapping, row_steps=row_steps(mapping, span))
+        mapping = replace(mapping, row_steps=row_steps(mapping, wave, span))
     rows_per_block = mapping.rows_per_block * mapping.row_steps
     for b in list(dec.block_shared):
         if rows_per_block == 1 or b.span % rows_per_block:
@@ -317,6 +622,8 @@ def _pack_vertically(dec: _Decisions, mapping: ThreadMapping) -> ThreadMapping:
             dec.global_reads.append(Buffer(b.name, "input", StorageLevel.GLOBAL, 0,
                                            f"shared by runs of {b.span} rows, one row per "
                                            "block: re-read (served by the L2 cache)"))
+    if not dec.block_shared:
+        mapping = replace(mapping, row_steps=row_steps(mapping, wave))
     return mapping
 
 

@@ -8,14 +8,23 @@ threadIdx.y and element loop over threadIdx.x, and inputs shared by all rows of 
 staged before the steps. So a thread block walks its rows phase by phase: Local producers
 are inlined (registers), Regional ones live in shared memory (TVM's ThreadSync puts the
 barriers between phases), reductions become cross-thread reductions over threadIdx.x.
+
+A Global group (``Group.phases``) is scheduled phase by phase, each phase a launch nest of
+its own: a row phase maps its row tiles as above and accumulates every column reduction it
+feeds in a shared-memory partial sum per tile (``rfactor`` over the tiles), written out at
+the end of the tile; a column phase sums those partials, a thread per column, and computes
+what depends on them. ``kernel`` then makes the nests one persistent kernel with grid
+barriers between them (``persistent``) and applies the launch bounds of the plan.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from tvm import s_tir, tirx
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 
-from ..plan import Group, MappingKind, ThreadMapping
+from ..plan import Group, MappingKind, Phase, ThreadMapping
 from .blocks import (
     LOCAL,
     SCOPES,
@@ -24,20 +33,80 @@ from .blocks import (
     cache_reused_outputs,
     child_blocks,
     name_of,
-    narrow_indices,
+    prepare,
     readers,
+    writer,
+    written_params,
 )
-from .rows import Unstitchable, block_rows, prefix_split
+from .grid_barrier import state_buffer
+from .layout import flatten_rows
+from .persistent import (
+    blocks_in,
+    lift_workspaces,
+    persistent,
+    root_statements,
+    with_launch_bounds,
+    with_root,
+)
+from .phases import normalise_column
+from .rows import Unstitchable, iters_of, row_element_map
+from .task_split import split_rows
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """A stitched kernel: its scheduled PrimFunc, and what its Relax call must add: the grid
+    barrier's state (an input, zero-initialised) and workspaces (trailing outputs that only
+    the kernel itself reads)."""
+
+    func: tirx.PrimFunc
+    state: tirx.Buffer | None = None
+    workspaces: tuple[tirx.Buffer, ...] = ()
+
+
+def kernel(func: tirx.PrimFunc, group: Group) -> Kernel:
+    """The kernel of ``group``: ``emit``'s schedule, made persistent with grid barriers for a
+    Global group (its grid asserted to fit one wave), with the plan's launch bounds."""
+    sch = emit(func, group)
+    out = sch.mod["main"]
+    state, workspaces = None, ()
+    if group.phases:
+        launch = group.launch
+        if launch is None or launch.grid > launch.wave:
+            raise Unstitchable(f"a persistent grid must fit one wave: {launch}")
+        state = state_buffer()
+        params = list(out.params)
+        first_output = min(params.index(p) for p in written_params(out, sch))
+        out = with_root(out, params=params[:first_output] + [state] + params[first_output:])
+        out, lifted = lift_workspaces(persistent(out, launch.grid, state))
+        workspaces = tuple(lifted)
+    if group.launch is not None:
+        out = with_launch_bounds(out, group.launch.blocks_per_sm)
+    return Kernel(out, state, workspaces)
 
 
 def emit(func: tirx.PrimFunc, group: Group) -> s_tir.Schedule:
-    """Schedule ``func`` (the fused PrimFunc of ``group``) as the plan says: one kernel."""
+    """Schedule ``func`` (the fused PrimFunc of ``group``) as the plan says: one kernel, or
+    for a Global group one launch nest per phase (``kernel`` merges them)."""
     if group.mapping is None:
         raise Unstitchable(f"group {group.id} has no thread mapping")
-    func = narrow_indices(func)
+    func = prepare(func)
     sch = s_tir.Schedule(func)
     add_unit_loops(sch)
+    if group.phases:
+        return _emit_global(sch, func, group)
     cache_reused_outputs(sch, func, on_chip_scope(group.mapping))
+    block_caches = _apply_storage(sch, func, group)
+    if group.mapping.kind is MappingKind.FLAT:
+        _map_flat(sch, group.mapping)
+    else:
+        _map_rows(sch, group.mapping, group.mapping.rows, block_caches)
+    return sch
+
+
+def _apply_storage(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group) -> list[str]:
+    """Inline the Local blocks, give Regional intermediates their on-chip scope and stage
+    inputs; returns the caches staged once per thread block."""
     for name in group.inlined:
         sch.compute_inline(sch.get_sblock(name))
     block_caches: list[str] = []
@@ -54,11 +123,7 @@ def emit(func: tirx.PrimFunc, group: Group) -> s_tir.Schedule:
             cache = stage_input(sch, func, buf.name, scope)
             if buf.per_block:
                 block_caches.append(name_of(sch, cache))
-    if group.mapping.kind is MappingKind.FLAT:
-        _map_flat(sch, group.mapping)
-    else:
-        _map_rows(sch, group.mapping, group.mapping.rows, block_caches)
-    return sch
+    return block_caches
 
 
 def on_chip_scope(mapping: ThreadMapping) -> str:
@@ -79,12 +144,16 @@ def stage_input(sch: s_tir.Schedule, func: tirx.PrimFunc, name: str, scope: str)
     return sch.cache_read(users[0], index, scope, consumer_blocks=users)
 
 
-def _sinks(sch: s_tir.Schedule) -> tuple[list[SBlockRV], list[SBlockRV]]:
-    blocks = child_blocks(sch)
+def _sinks(sch: s_tir.Schedule, among: set[str] | None = None
+           ) -> tuple[list[SBlockRV], list[SBlockRV]]:
+    """Blocks whose results no other block reads, and the others (with ``among``: only
+    those blocks, and only reads by them count)."""
+    blocks = [b for b in child_blocks(sch) if among is None or name_of(sch, b) in among]
     sinks, others = [], []
     for b in blocks:
         written = [w.source for w in sch.get(b).writes]
-        used = any(readers(sch, buf, exclude=b) for buf in written)
+        used = any(among is None or name_of(sch, r) in among
+                   for buf in written for r in readers(sch, buf, exclude=b))
         (others if used else sinks).append(b)
     return sinks, others
 
@@ -108,74 +177,12 @@ def _map_flat(sch: s_tir.Schedule, mapping: ThreadMapping) -> None:
         sch.compute_at(block, tx, preserve_unit_loops=True)
 
 
-def _flatten_rows(sch: s_tir.Schedule, rows: int, skip: list[str]) -> None:
-    """Rewrite every block to iterate over exactly (row, element), and every buffer the kernel
-    allocates to a (row, element) layout: a row space spread over several dimensions then maps
-    to threads like a matrix does, the regions compute-at derives for a block's rows stay
-    exact, and a block with one value per row (or a single row) gets a unit iterator of the
-    kernel's index type instead of a 32-bit unit loop."""
-    for block in child_blocks(sch):
-        for index, region in enumerate(sch.get(block).writes):
-            shape = [int(d) for d in region.source.shape]
-            if region.source.scope() == "global":
-                continue
-            kb = prefix_split(shape, rows)
-            if kb is None or (kb <= 1 and len(shape) - kb <= 1):
-                continue
-            layout = _row_element_map(list(range(kb)), shape[:kb],
-                                      list(range(kb, len(shape))), shape[kb:])
-            dtype = str(region.source.shape[0].ty.dtype)
-            sch.transform_layout(block, ("write", index),
-                                 tirx.IndexMap.from_func(layout, ndim=len(shape),
-                                                         index_dtype=dtype))
-    for block in child_blocks(sch):
-        if name_of(sch, block) in skip:
-            continue
-        info = block_rows(sch, block, rows)
-        elem_pos = [p for p in range(info.num_row_iters, len(info.iters))
-                    if not (info.is_reduction and info.iters[p].kind == "S")]
-        row_pos = list(range(info.num_row_iters))
-        if len(info.iters) == 2 and row_pos == [0] and elem_pos == [1]:
-            continue
-        if all(i.extent == 1 for i in info.iters):
-            # a scalar block: its iterators are bound to constants, not to loops
-            while len(sch.get_loops(block)) < 2:
-                sch.add_unit_loop(block)
-            continue
-        index_map = _row_element_map(row_pos, [info.iters[p].extent for p in row_pos],
-                                     elem_pos, [info.iters[p].extent for p in elem_pos])
-        dtype = str(info.iters[0].var.ty.dtype)
-        sch.transform_block_layout(
-            block, tirx.IndexMap.from_func(index_map, ndim=len(info.iters), index_dtype=dtype))
-
-
-def _row_element_map(row_pos: list[int], row_extents: list[int], elem_pos: list[int],
-                     elem_extents: list[int]):
-    """Index map from a block's iterators to (linear row, linear element); a missing part
-    becomes the constant 0."""
-
-    def index_map(*vs):
-        zero = tirx.IntImm(vs[0].ty.dtype, 0) if vs else 0
-        row = _linear([vs[p] for p in row_pos], row_extents) if row_pos else zero
-        elem = _linear([vs[p] for p in elem_pos], elem_extents) if elem_pos else zero
-        return [row, elem]
-
-    return index_map
-
-
-def _linear(vs: list, extents: list[int]):
-    index = vs[0]
-    for v, n in zip(vs[1:], extents[1:], strict=True):
-        index = index * n + v
-    return index
-
-
 def _map_rows(sch: s_tir.Schedule, mapping: ThreadMapping, rows: int,
               block_caches: list[str]) -> None:
     """Row mapping over blocks in (row, element) form (``_flatten_rows``): a thread block
     walks ``row_steps`` groups of ``rows_per_block`` rows; the phases of each group are
     computed in that loop, inputs staged for the whole block (``block_caches``) before it."""
-    _flatten_rows(sch, rows, block_caches)
+    flatten_rows(sch, rows, block_caches)
     sinks, others = _sinks(sch)
     caches = [b for b in others if name_of(sch, b) in block_caches]
     others = [b for b in others if name_of(sch, b) not in block_caches]
@@ -228,3 +235,210 @@ def _bind_threads(sch: s_tir.Schedule, mapping: ThreadMapping, row_in_block: Loo
     if mapping.rows_per_block > 1:
         sch.bind(row_in_block, "threadIdx.y")
     sch.bind(thread, "threadIdx.x")
+
+
+def _emit_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group) -> s_tir.Schedule:
+    """One launch nest per phase of a Global group (see the module docstring)."""
+    mapping = group.mapping
+    if group.row_split > 1:
+        split_rows(sch, func, mapping.rows // group.row_split, group.row_split)
+    columns = [n for p in group.phases for n in p.partials]
+    for name in columns:
+        normalise_column(sch, sch.get_sblock(name))
+    rows_phases = [set(p.blocks) - set(columns) for p in group.phases if p.kind == "rows"]
+    cache_reused_outputs(sch, func, SHARED, writers=set().union(*rows_phases))
+    block_caches = _apply_storage(sch, func, group)
+    partials: dict[str, tuple[str, str]] = {}  # column reduction -> (partial sum, write-out)
+    for name in columns:
+        row, _ = sch.get_loops(sch.get_sblock(name))
+        tile, _ = sch.split(row, [mapping.rows // mapping.row_steps, mapping.row_steps])
+        accumulate = sch.rfactor(tile, 0)
+        write_out = sch.cache_write(accumulate, 0, SHARED)
+        partials[name] = (name_of(sch, accumulate), name_of(sch, write_out))
+    phase_of = _phase_of_blocks(sch, group.phases, partials)
+    sch = _reorder_by_phase(sch, phase_of, {w for _, w in partials.values()})
+    for index, phase in enumerate(group.phases):
+        names = {n for n, i in phase_of.items() if i == index}
+        if phase.kind == "rows":
+            mine = [c for c in columns if c in phase.blocks]
+            caches = [sch.get_sblock(c) for c in block_caches if c in names]
+            per_row = []
+            for buf in group.buffers:  # column results this phase reads: staged now that
+                if buf.role == "phase input" and buf.block in phase.blocks:  # they exist
+                    cache = _stage_phase_input(sch, names, buf.name)
+                    (caches if buf.per_block else per_row).append(cache)
+            _map_row_phase(sch, mapping,
+                           names - {n for c in mine for n in partials[c]} - set(block_caches),
+                           [partials[c][0] for c in mine], [partials[c][1] for c in mine],
+                           caches, per_row)
+        else:
+            _map_column_phase(sch, mapping.threads_per_block, list(phase.combines),
+                              [n for n in phase.blocks if n not in phase.combines])
+    return sch
+
+
+def _stage_phase_input(sch: s_tir.Schedule, names: set[str], buffer_name: str) -> SBlockRV:
+    """Stage a column phase's result in shared memory for its readers among ``names`` (a
+    row phase); returns the staging block (its name may repeat another phase's)."""
+    block, index = writer(sch, buffer_name)
+    buffer = sch.get(block).writes[index].source
+    users = [u for u in readers(sch, buffer, exclude=block, affine=True)
+             if name_of(sch, u) in names]
+    read = next(i for i, r in enumerate(sch.get(users[0]).reads) if r.source.same_as(buffer))
+    return sch.cache_read(users[0], read, SHARED, consumer_blocks=users)
+
+
+def _phase_of_blocks(sch: s_tir.Schedule, phases: tuple[Phase, ...],
+                     partials: dict[str, tuple[str, str]]) -> dict[str, int]:
+    """The phase of every block: as planned; a column reduction's partial sum and write-out
+    in the row phase that feeds it, its combination in the column phase; blocks added by
+    the schedule (staging caches, copies of outputs) with the blocks they feed, else with
+    those that feed them."""
+    phase_of: dict[str, int] = {}
+    for index, phase in enumerate(phases):
+        for name in phase.blocks:
+            if name in partials and phase.kind == "rows":
+                phase_of.update({n: index for n in partials[name]})
+            else:
+                phase_of[name] = index
+    for block in reversed(child_blocks(sch)):
+        name = name_of(sch, block)
+        if name in phase_of:
+            continue
+        written = [w.source for w in sch.get(block).writes]
+        users = [phase_of.get(name_of(sch, r)) for buf in written
+                 for r in readers(sch, buf, exclude=block)]
+        if any(u is not None for u in users):
+            phase_of[name] = min(u for u in users if u is not None)
+    for block in child_blocks(sch):
+        name = name_of(sch, block)
+        if name not in phase_of:
+            sources = [phase_of.get(p) for r in sch.get(block).reads
+                       for p in _writers(sch, r.source)]
+            phase_of[name] = max((s for s in sources if s is not None), default=0)
+    return phase_of
+
+
+def _writers(sch: s_tir.Schedule, buffer: tirx.Buffer) -> list[str]:
+    return [name_of(sch, b) for b in child_blocks(sch)
+            if any(w.source.same_as(buffer) for w in sch.get(b).writes)]
+
+
+def _reorder_by_phase(sch: s_tir.Schedule, phase_of: dict[str, int], last: set[str]
+                      ) -> s_tir.Schedule:
+    """A new schedule of ``sch``'s function with the loop nests under the root ordered by
+    phase (and, inside a phase, the blocks of ``last`` after the others), keeping program
+    order otherwise; each nest holds one block at this point."""
+    func = sch.mod["main"]
+    nests = root_statements(func)
+
+    def rank(item: tuple[int, tirx.Stmt]) -> tuple[int, int, int]:
+        index, nest = item
+        (name,) = blocks_in(nest)
+        return phase_of[name], int(name in last), index
+
+    ordered = [n for _, n in sorted(enumerate(nests), key=rank)]
+    return s_tir.Schedule(with_root(func, body=tirx.SeqStmt(ordered)))
+
+
+def _map_row_phase(sch: s_tir.Schedule, mapping: ThreadMapping, names: set[str],
+                   accumulators: list[str], write_outs: list[str], caches: list[SBlockRV],
+                   row_caches: list[SBlockRV]) -> None:
+    """A row phase: its row blocks (``names``) mapped as ``_map_rows`` does with one row per
+    block at a time, inputs staged once per tile (``caches``) before its rows and once per
+    row (``row_caches``) at each row; each column reduction's partial sum (``accumulators``,
+    loops: tile, step, column) accumulated at the step loop and written out after the
+    tile."""
+    flatten_rows(sch, mapping.rows, [], only=names)
+    sinks, others = _sinks(sch, names | set(accumulators))
+    heads, steps, bindings = [], [], []
+    for block in sinks:
+        if name_of(sch, block) in accumulators:
+            tile, step, column = sch.get_loops(block)
+            heads.append(tile)
+            steps.append(step)
+            bindings.append((None, _thread_loop(sch, column, mapping)))
+            continue
+        row, elem = _two_loops(sch, block)
+        outer, step, row_in_block = sch.split(row, [None, mapping.row_steps, 1])
+        heads.append(outer)
+        steps.append(step)
+        bindings.append((row_in_block, _thread_loop(sch, elem, mapping)))
+    bx = sch.merge(*heads) if len(heads) > 1 else heads[0]
+    step = sch.merge(*steps) if len(steps) > 1 else steps[0]
+    sch.bind(bx, "blockIdx.x")
+    for _, thread in bindings:
+        sch.bind(thread, "threadIdx.x")
+    for block in reversed(others):
+        sch.compute_at(block, step, preserve_unit_loops=True)
+        loops = sch.get_loops(block)[2:]
+        if len(loops) != 2:
+            raise Unstitchable(f"block {name_of(sch, block)}: compute-at made {len(loops)} "
+                               "loops for (row, element)")
+        sch.bind(_thread_loop(sch, loops[1], mapping), "threadIdx.x")
+    for block in row_caches:
+        sch.compute_at(block, step, preserve_unit_loops=True)
+        _bind_inner_loops(sch, block, 2, mapping)
+    for name in accumulators:  # zeroed before the tile's rows, not under a row's guard
+        sch.decompose_reduction(sch.get_sblock(name), step)
+    for block in caches:
+        sch.compute_at(block, bx, preserve_unit_loops=True)
+        _bind_tile_loops(sch, block, mapping)
+    for name in write_outs:
+        block = sch.get_sblock(name)
+        sch.reverse_compute_at(block, bx, preserve_unit_loops=True)
+        _bind_tile_loops(sch, block, mapping)
+
+
+def _bind_tile_loops(sch: s_tir.Schedule, block: SBlockRV, mapping: ThreadMapping) -> None:
+    """The loops of a block computed once per tile, fused and spread over the threads."""
+    _bind_inner_loops(sch, block, 1, mapping)
+
+
+def _bind_inner_loops(sch: s_tir.Schedule, block: SBlockRV, outer: int,
+                      mapping: ThreadMapping) -> None:
+    """The loops of ``block`` below its ``outer`` ones fused and spread over the threads (a
+    unit loop first when there are none: a scalar is copied by one thread)."""
+    if len(sch.get_loops(block)) == outer:
+        sch.add_unit_loop(block)
+    loops = sch.get_loops(block)[outer:]
+    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    sch.bind(_thread_loop(sch, fused, mapping), "threadIdx.x")
+
+
+def _map_column_phase(sch: s_tir.Schedule, threads: int, combines: list[str],
+                      column_space: list[str]) -> None:
+    """A column phase: a thread per column sums the partials of each column reduction
+    (``combines``, loops: tile, column) in tile order, in a register; each column-space
+    block, walked as one flat loop over its columns, runs in the same task and thread as
+    the sums of those columns, after them (it reads only what that thread wrote). Blocks of
+    other widths get nests of their own (a grid barrier apart)."""
+    heads: dict[int, list[LoopRV]] = {}
+    for name in combines:
+        block = sch.get_sblock(name)
+        tile, column = sch.get_loops(block)
+        sch.reorder(column, tile)
+        outer, thread = sch.split(column, [None, threads])
+        sch.bind(thread, "threadIdx.x")
+        heads.setdefault(int(sch.get(outer).extent), []).append(outer)
+    for name in column_space:
+        block = sch.get_sblock(name)
+        iters = iters_of(sch, block)
+        if len(iters) > 1:
+            sch.transform_block_layout(block, tirx.IndexMap.from_func(
+                row_element_map([], [], list(range(len(iters))), [i.extent for i in iters]),
+                ndim=len(iters), index_dtype=str(iters[0].var.ty.dtype)))
+        loops = sch.get_loops(block)
+        column = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+        outer, thread = sch.split(column, [None, threads])
+        sch.bind(thread, "threadIdx.x")
+        heads.setdefault(int(sch.get(outer).extent), []).append(outer)
+    for loops in heads.values():
+        outer = sch.merge(*loops) if len(loops) > 1 else loops[0]
+        sch.bind(outer, "blockIdx.x")
+    for name in combines:  # after the merge, which loses the block index of later blocks
+        block = sch.get_sblock(name)
+        if not sch.get(block).writes[0].source.shape:
+            continue  # a 0-d sum: a copy out of a register would lose its column's guard
+        total = sch.cache_write(block, 0, LOCAL)  # the sum in a register, stored once
+        sch.reverse_compute_at(total, sch.get_loops(block)[1], preserve_unit_loops=True)

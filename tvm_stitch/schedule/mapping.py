@@ -4,28 +4,26 @@ Short rows get a warp (or a sub-warp as wide as the row) each, and several rows 
 thread block (horizontal packing) so blocks keep a useful size; long rows get a whole block
 of 128-1024 threads. Few rows get more threads each, so that the GPU still has enough loads in
 flight. Packing stops where it would leave fewer blocks than SMs, and the rows of a block
-divide the row count (no partial blocks).
+divide the row count (no partial blocks). A block then walks several groups of rows in
+sequence (vertical packing, ``row_steps``) so that the grid fits one wave of the GPU.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from ..analysis.roofline import GPU, gpu_of_arch
 from ..plan import MappingKind, ThreadMapping
 from ..target import MAX_THREADS_PER_BLOCK, WARP_SIZE
 
-NUM_SMS = 132
-"""SMs of the GPU we map for (H200); packing keeps at least this many blocks when it can."""
+DEFAULT_GPU = gpu_of_arch("sm_90")
+"""The GPU mapped for when the caller names none (H200)."""
 
 SHORT_ROW = 256
 """Rows up to this length get a warp (or sub-warp) each; longer ones a block each."""
 
 BLOCK_THREADS = 256
 """Threads of a block of packed short rows, and of a flat (element-wise) kernel."""
-
-FILL_THREADS = NUM_SMS * 2048
-"""Threads that fill every SM of the GPU (2048 resident threads per SM)."""
-
 
 def _pow2_ceil(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
@@ -36,17 +34,19 @@ def _pow2_floor(n: int) -> int:
 
 
 def row_mapping(rows: int, row_length: int, divisor: int = 1,
-                max_threads: int = MAX_THREADS_PER_BLOCK) -> ThreadMapping:
+                max_threads: int = MAX_THREADS_PER_BLOCK, gpu: GPU = DEFAULT_GPU
+                ) -> ThreadMapping:
     """The mapping for ``rows`` rows of ``row_length`` elements.
 
     Each row gets at least a warp (or a sub-warp as wide as a short row) and, for long rows,
     a block of 128-1024 threads (about four elements each). When the rows are too few to
     fill the GPU that way, rows get more threads, up to one per element, so that enough
     loads are in flight. Short rows that keep a (sub-)warp each are packed several per block;
-    ``divisor`` is a number the rows of a block must divide (1 forbids packing).
+    ``divisor`` is a number the rows of a block must divide (1 forbids packing). Packing
+    keeps at least one block per SM of ``gpu``.
     """
     width = _pow2_ceil(row_length)
-    fill = _pow2_ceil(-(-FILL_THREADS // rows))
+    fill = _pow2_ceil(-(-(gpu.sms * gpu.max_threads_per_sm) // rows))
     if row_length <= SHORT_ROW:
         per_row = max(min(WARP_SIZE, width), min(fill, width, max_threads))
     else:
@@ -54,30 +54,46 @@ def row_mapping(rows: int, row_length: int, divisor: int = 1,
         per_row = max(per_row, min(fill, width, max_threads))
     if per_row > WARP_SIZE:
         return ThreadMapping(MappingKind.BLOCK_PER_ROW, rows, row_length, 1, per_row)
-    packed = min(BLOCK_THREADS // per_row, _pow2_floor(max(rows // NUM_SMS, 1)))
+    packed = min(BLOCK_THREADS // per_row, _pow2_floor(max(rows // gpu.sms, 1)))
     while packed > 1 and divisor % packed:
         packed //= 2
     return ThreadMapping(MappingKind.WARP_PER_ROW, rows, row_length, packed, per_row)
 
 
-MAX_ROW_STEPS = 64
-"""Most rows one thread walks in sequence."""
+MAX_ROW_STEPS = 1024
+"""Most groups of rows one block walks in sequence."""
 
 
-def row_steps(mapping: ThreadMapping, span: int) -> int:
-    """Rows per thread lane in sequence (vertical packing) so that data shared by ``span``
-    consecutive rows is read once per block: the largest power of two that keeps the rows of
-    a block inside one span and at least half a wave of blocks (thread-limited occupancy)."""
-    per_block = mapping.rows_per_block
-    resident = max(1, min(32, 2048 // mapping.threads_per_block))
-    min_blocks = NUM_SMS * resident // 2
-    steps = 1
-    while steps < MAX_ROW_STEPS:
-        chunk = per_block * steps * 2
-        if mapping.rows % chunk or span % chunk or mapping.rows // chunk < min_blocks:
-            break
-        steps *= 2
-    return steps
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n``, ascending."""
+    small, large = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return small + large[::-1]
+
+
+def row_steps(mapping: ThreadMapping, wave: int, span: int | None = None) -> int:
+    """Groups of rows each block walks in sequence (vertical packing), a divisor of the
+    block's row groups so that no block is partial.
+
+    Without ``span``: the fewest steps that keep the grid within one ``wave`` of resident
+    blocks. With ``span`` (inputs read alike by runs of ``span`` rows, staged once per block):
+    the most steps that keep the rows of a block inside one run and at least half a wave of
+    blocks, so that the staged data is read as few times as the GPU's parallelism allows.
+    """
+    groups = mapping.rows // mapping.rows_per_block
+    options = [d for d in divisors(groups) if d <= MAX_ROW_STEPS]
+    if span is not None:
+        inside = [d for d in options
+                  if span % (mapping.rows_per_block * d) == 0 and groups // d >= wave // 2]
+        return max(inside, default=1)
+    fitting = [d for d in options if groups // d <= wave]
+    return min(fitting) if fitting else max(options)
 
 
 def flat_mapping(elements: int, max_threads: int = MAX_THREADS_PER_BLOCK) -> ThreadMapping:

@@ -195,3 +195,25 @@ def row_elements(buffer: tirx.Buffer, rows: int) -> int:
     shape = _static_shape(buffer) or []
     kb = prefix_split(shape, rows)
     return prod(shape[kb:]) if kb else prod(shape)
+
+
+def row_element_map(row_pos: list[int], row_extents: list[int], elem_pos: list[int],
+                     elem_extents: list[int]):
+    """Index map from a block's iterators to (linear row, linear element): the iterators at
+    ``row_pos`` (extents ``row_extents``) form the row, those at ``elem_pos`` the element; a
+    missing part becomes the constant 0."""
+
+    def index_map(*vs):
+        zero = tirx.IntImm(vs[0].ty.dtype, 0) if vs else 0
+        row = _linear([vs[p] for p in row_pos], row_extents) if row_pos else zero
+        elem = _linear([vs[p] for p in elem_pos], elem_extents) if elem_pos else zero
+        return [row, elem]
+
+    return index_map
+
+
+def _linear(vs: list, extents: list[int]):
+    index = vs[0]
+    for v, n in zip(vs[1:], extents[1:], strict=True):
+        index = index * n + v
+    return index

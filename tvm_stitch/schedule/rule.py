@@ -1,10 +1,11 @@
 """The scheduling pass: stitched kernels by their plan, everything else by dlight's defaults.
 
-``StitchRule`` is a dlight rule that applies only to PrimFuncs marked with ``stitch.group``.
-``StitchSchedule`` runs it first and then dlight's default GPU rules (Matmul, GEMV, Reduction,
-GeneralReduction, Fallback) on the other PrimFuncs, trying the next rule when one raises: a
-crash inside a dlight rule (TVM 0.27's GEMV rule asserts on some broadcast-multiply + sum
-functions) then costs a slower schedule, never the compile.
+``StitchSchedule`` schedules every PrimFunc marked with ``stitch.group`` as its group in the
+plan says (``emit.kernel``); a persistent kernel's Relax calls then get its barrier state
+and workspaces (``transform.kernel_state``). It runs dlight's default GPU rules (Matmul,
+GEMV, Reduction, GeneralReduction, Fallback) on the other PrimFuncs, trying the next rule
+when one raises: a crash inside a dlight rule (TVM 0.27's GEMV rule asserts on some
+broadcast-multiply + sum functions) then costs a slower schedule, never the compile.
 """
 
 from __future__ import annotations
@@ -12,32 +13,18 @@ from __future__ import annotations
 import logging
 
 import tvm
-from tvm import s_tir, tirx
+from tvm import tirx
 from tvm.ir import IRModule
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
-from ..plan import GROUP_ATTR, StitchPlan
-from .emit import emit
+from ..plan import GROUP_ATTR, Group, StitchPlan
+from ..transform.kernel_state import extend_calls
+from .emit import Kernel, kernel
 
 logger = logging.getLogger(__name__)
 
 SCHEDULED_ATTR = "tirx.is_scheduled"
-
-
-class StitchRule(dl.ScheduleRule):
-    """Schedules a PrimFunc marked ``stitch.group`` as its group in ``plan`` says."""
-
-    def __init__(self, plan: StitchPlan) -> None:
-        self.plan = plan
-
-    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool
-              ) -> s_tir.Schedule | None:
-        """The stitched schedule of ``func``, or None when ``func`` is not a stitched group."""
-        if not isinstance(func, tirx.PrimFunc) or func.attrs is None \
-                or GROUP_ATTR not in func.attrs:
-            return None
-        return emit(func, self.plan.group(int(func.attrs[GROUP_ATTR])))
 
 
 def default_rules() -> list[dl.ScheduleRule]:
@@ -66,27 +53,40 @@ def schedule_func(func: tirx.PrimFunc, target: Target, rules: list[dl.ScheduleRu
 
 @tvm.transform.module_pass(opt_level=0, name="StitchSchedule")
 class StitchSchedule:
-    """Schedule every PrimFunc of the module: stitched groups first, then dlight defaults."""
+    """Schedule every PrimFunc of the module: stitched groups by the plan, then dlight."""
 
     def __init__(self, target: Target | None = None) -> None:
         self.target = target
 
     def transform_module(self, mod: IRModule, _ctx: tvm.transform.PassContext) -> IRModule:
-        """Apply the rules to every unscheduled PrimFunc of ``mod``."""
+        """Schedule every unscheduled PrimFunc of ``mod``."""
         plan = StitchPlan.of_module(mod) or StitchPlan()
-        stitched = [StitchRule(plan)]
         defaults = default_rules()
-        updates = {}
+        updates: dict[tvm.ir.GlobalVar, tirx.PrimFunc] = {}
+        kernels: dict[str, Kernel] = {}
         for gv, func in mod.functions_items():
             if not isinstance(func, tirx.PrimFunc) or _is_scheduled(func):
                 continue
-            target = self.target or _target_of(func)
-            new = schedule_func(func, target, stitched + defaults)
+            group = _group_of(func, plan)
+            if group is not None:
+                stitched = kernel(func, group)
+                updates[gv] = stitched.func.with_attr(SCHEDULED_ATTR, True)
+                kernels[gv.name_hint] = stitched
+                continue
+            new = schedule_func(func, self.target or _target_of(func), defaults)
             if new is not None:
                 updates[gv] = new
         for gv, func in updates.items():
             mod[gv] = func
+        for name, stitched in kernels.items():
+            mod = extend_calls(mod, name, stitched.state, stitched.workspaces)
         return mod
+
+
+def _group_of(func: tirx.PrimFunc, plan: StitchPlan) -> Group | None:
+    if func.attrs is None or GROUP_ATTR not in func.attrs:
+        return None
+    return plan.group(int(func.attrs[GROUP_ATTR]))
 
 
 def _is_scheduled(func: tirx.PrimFunc) -> bool:

@@ -26,6 +26,8 @@ from ..lowering import (
     scalar_dtype,
 )
 from ..target import opencl_target
+from . import retype
+from .grid import GridBarriers
 
 
 @functools.cache
@@ -36,6 +38,12 @@ def _context() -> tuple[cl.Context, cl.CommandQueue]:
         raise RuntimeError("no OpenCL device: install pyopencl[pocl] for the CPU SIMT runner")
     ctx = cl.Context(devices[:1])
     return ctx, cl.CommandQueue(ctx)
+
+
+def concurrent_work_groups() -> int:
+    """Work-groups PoCL runs at once: its host threads, reported as compute units."""
+    ctx, _ = _context()
+    return int(ctx.devices[0].max_compute_units)
 
 
 def _bool_as_bytes(source: str) -> str:
@@ -57,9 +65,11 @@ class SimtFunction:
 
     def __init__(self, lowered: LoweredFunc, source: str | None = None) -> None:
         self.lowered = lowered
-        self.source = _bool_as_bytes(lowered.source()) if source is None else source
+        self.grid_barriers = GridBarriers(lowered)
+        self.source = _bool_as_bytes(self.grid_barriers.source()) if source is None else source
         program = _program(self.source)
-        self._kernels = {k.kernel: cl.Kernel(program, k.kernel) for k in lowered.launches}
+        self._kernels = {name: cl.Kernel(program, name)
+                         for name in self.grid_barriers.kernel_names()}
 
     @classmethod
     def from_primfunc(cls, func: tirx.PrimFunc, name: str = "main") -> SimtFunction:
@@ -68,10 +78,12 @@ class SimtFunction:
         Vectorised loops run lane by lane: TVM's OpenCL code generator gets vector booleans
         wrong (OpenCL's vector ``&&`` and comparisons yield -1 for true, which TVM then tests
         with ``0 < x``), while CUDA, like a per-lane loop, computes each lane as a scalar.
+        float16 kernels run as float32 ones (``retype``); calls convert at the boundary.
         """
-        return cls(lower(func, name, opencl_target(), vectorize=False))
+        return cls(lower(retype.float32_version(func), name, opencl_target(), vectorize=False))
 
     def __call__(self, *arrays: np.ndarray, **scalars: int) -> None:
+        given, arrays = arrays, retype.widen(arrays)
         low = self.lowered
         buffers = [p for p in low.params if isinstance(p.ty, tirx.BufferType)]
         if len(arrays) != len(buffers):
@@ -94,25 +106,29 @@ class SimtFunction:
         ]
         for launch in low.launches:
             kernel = low.kernel(launch.kernel)
-            cl_kernel = self._kernels[launch.kernel]
-            for i, (param, arg) in enumerate(zip(kernel.params, launch.args, strict=True)):
-                if isinstance(arg, BufferArg):
-                    cl_kernel.set_arg(i, cl_buffers[arg.index])
-                elif isinstance(arg, WorkspaceArg):
-                    cl_kernel.set_arg(i, workspaces[arg.index])
-                elif scalar_dtype(param).startswith(("int", "uint")):
-                    value = evaluate_int(ana, arg, f"{launch.kernel} argument {param.name}")
-                    cl_kernel.set_arg(i, np.dtype(scalar_dtype(param)).type(value))
-                else:
-                    raise LoweringError(f"{launch.kernel}: cannot pass argument {arg}")
             grid, group = launch.geometry(ana)
             if 0 in grid or 0 in group:
                 continue
-            global_size = tuple(g * t for g, t in zip(grid, group, strict=True))
-            cl.enqueue_nd_range_kernel(queue, cl_kernel, global_size, group)
+            names = self.grid_barriers.launches(launch.kernel, math.prod(grid),
+                                                concurrent_work_groups())
+            for name in names:
+                cl_kernel = self._kernels[name]
+                for i, (param, arg) in enumerate(zip(kernel.params, launch.args, strict=True)):
+                    if isinstance(arg, BufferArg):
+                        cl_kernel.set_arg(i, cl_buffers[arg.index])
+                    elif isinstance(arg, WorkspaceArg):
+                        cl_kernel.set_arg(i, workspaces[arg.index])
+                    elif scalar_dtype(param).startswith(("int", "uint")):
+                        value = evaluate_int(ana, arg, f"{launch.kernel} argument {param.name}")
+                        cl_kernel.set_arg(i, np.dtype(scalar_dtype(param)).type(value))
+                    else:
+                        raise LoweringError(f"{launch.kernel}: cannot pass argument {arg}")
+                global_size = tuple(g * t for g, t in zip(grid, group, strict=True))
+                cl.enqueue_nd_range_kernel(queue, cl_kernel, global_size, group)
         for a, buf in zip(arrays, cl_buffers, strict=True):
             if a.size:
                 out = np.empty_like(a, order="C")
                 cl.enqueue_copy(queue, out.view(np.uint8) if a.dtype == bool else out, buf)
                 a[...] = out.view(np.uint8) != 0 if a.dtype == bool else out
         queue.finish()
+        retype.narrow_into(given, arrays)

@@ -1,0 +1,78 @@
+"""Differential fuzzing of a compile flow on random graphs of memory-intensive ops.
+
+    python scripts/fuzz.py --graphs 200 --seed 1 [--flow stitch] [--out fuzz-out]
+                           [--regressions tests/regressions/cases]
+
+Each graph is compiled with the flow for a CUDA target, run on the CPU SIMT runner, compared
+with onnxruntime, and every kernel's resources are checked for sm_80 and sm_90. Failures are
+written to ``--out``, shrunk to a minimal graph and (``--regressions``) saved as regression
+cases. The last line printed is::
+
+    graphs=N mismatches=M crashes=C fallbacks=F tvm_crashes=T resource_violations=R
+
+``crashes`` counts crashes the baseline flow does not share; ``tvm_crashes`` those it does;
+``fallbacks`` the graphs whose stitch plan left a region to TVM. Exit status 1 when M, C or R
+is non-zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from tvm_stitch.pipeline import available_flows
+from tvm_stitch.target import DEFAULT_TARGET
+from tvm_stitch.testing.differential import default_flow
+from tvm_stitch.testing.fuzz import Options, run
+from tvm_stitch.testing.graphs import GraphConfig
+
+
+def parse_args(argv: list[str] | None = None) -> Options:
+    """Options of a fuzz run from the command line."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--graphs", type=int, default=100, help="number of graphs")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the graph sequence")
+    parser.add_argument("--start", type=int, default=0,
+                        help="index of the first graph (--start 97 --graphs 1: graph 97 alone)")
+    parser.add_argument("--flow", default=default_flow(), choices=available_flows())
+    parser.add_argument("--target", default=DEFAULT_TARGET)
+    parser.add_argument("--out", type=Path, help="directory for failing graphs and reports")
+    parser.add_argument("--regressions", type=Path,
+                        help="save shrunk failures here as regression cases "
+                             "(e.g. tests/regressions/cases)")
+    parser.add_argument("--no-resources", action="store_true",
+                        help="skip the per-kernel resource checks (nvcc)")
+    parser.add_argument("--timeout", type=float, default=300.0,
+                        help="seconds per graph before it counts as a hang (0: no worker)")
+    parser.add_argument("--shrink-budget", type=int, default=60,
+                        help="replays spent shrinking each failure (0: no shrinking)")
+    parser.add_argument("--max-nodes", type=int, default=GraphConfig.max_nodes)
+    parser.add_argument("--float16", type=float, default=GraphConfig.float16,
+                        help="probability of a float16 graph")
+    parser.add_argument("--matmul", type=float, default=GraphConfig.matmul,
+                        help="weight of MatMul nodes among the ops (0: none)")
+    args = parser.parse_args(argv)
+    config = GraphConfig(max_nodes=args.max_nodes, float16=args.float16, matmul=args.matmul)
+    return Options(graphs=args.graphs, seed=args.seed, start=args.start, flow=args.flow,
+                   target=args.target, out=args.out, regressions=args.regressions,
+                   resources=not args.no_resources, timeout=args.timeout,
+                   shrink_budget=args.shrink_budget, config=config)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the fuzzer; returns the exit status."""
+    options = parse_args(argv)
+    print(f"fuzzing flow {options.flow} on {options.target}: {options.graphs} graphs, "
+          f"seed {options.seed}", flush=True)
+    summary = run(options, log=lambda line: print(line, flush=True))
+    for reason, graphs in summary.fallback_reasons.most_common():
+        print(f"fallback in {graphs} graph(s): {reason}")
+    for failure in summary.failures:
+        print(f"failed: {failure}")
+    print(summary.line())
+    return 1 if summary.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""scripts/fuzz.py: the summary line, the worker, shrinking and saved regression cases, and the
+bounded sample CI runs."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import onnx
+import pytest
+from fuzz_models import F32, make_model
+from onnx import helper
+
+from tvm_stitch.testing import fuzz
+from tvm_stitch.testing.differential import Outcome, default_flow
+from tvm_stitch.testing.fuzz import Checker, Options, Summary, minimise, run
+from tvm_stitch.testing.graphs import GraphConfig, graph_from_seed
+
+SCRIPT = Path(__file__).parents[2] / "scripts" / "fuzz.py"
+SUMMARY = re.compile(r"^graphs=(\d+) mismatches=(\d+) crashes=(\d+) fallbacks=(\d+) "
+                     r"tvm_crashes=\d+ resource_violations=\d+ tvm_resource_violations=\d+$")
+CI_SEED = 2024
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("fuzz_script", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _ok(**changes) -> dict:
+    return Outcome("stitch", **changes).to_dict()
+
+
+def _fails_on_exp(model: onnx.ModelProto) -> dict:
+    if any(n.op_type == "Exp" for n in model.graph.node):
+        return _ok(kind="mismatch", error="output 0: max abs error 1")
+    return _ok()
+
+
+def test_summary_line_and_exit_status() -> None:
+    summary = Summary()
+    summary.add(_ok(fallbacks=["x: reason"]))
+    summary.add(_ok(kind="tvm_crash", stage="compile", error="E: x"))
+    assert summary.line().startswith("graphs=2 mismatches=0 crashes=0 fallbacks=1 ")
+    assert SUMMARY.match(summary.line()) and not summary.failed
+    summary.add(_ok(violations=["sm_90 f/k: spills 8 B"]))
+    assert summary.failed and summary.resource_violations == 1
+
+
+def test_shrinking_finds_a_minimal_graph() -> None:
+    offsets = next(rec for i in range(200)
+                   for model, rec in [graph_from_seed(f"exp:{i}")]
+                   if len(model.graph.node) >= 6 and _fails_on_exp(model)["kind"] != "ok")
+    minimal, outcome = minimise(offsets, _fails_on_exp, fuzz.signature(
+        _fails_on_exp(fuzz.random_graph(fuzz.ReplayChooser(offsets), GraphConfig()))),
+        GraphConfig(), budget=150)
+    assert outcome["kind"] == "mismatch"
+    ops = [n.op_type for n in minimal.graph.node]
+    assert "Exp" in ops and len(ops) <= 3, ops
+
+
+def test_failures_are_written_shrunk_and_saved(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    class FakeChecker:
+        def __init__(self, *args) -> None:
+            pass
+
+        def __call__(self, model: onnx.ModelProto, seed: int = 0) -> dict:
+            return _fails_on_exp(model)
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(fuzz, "Checker", FakeChecker)
+    options = Options(graphs=12, seed=4, out=tmp_path / "out", regressions=tmp_path / "cases",
+                      shrink_budget=40)
+    lines: list[str] = []
+    summary = run(options, lines.append)
+    assert summary.mismatches >= 1 and summary.failed
+    (case, *_) = sorted((tmp_path / "cases").glob("*.json"))
+    saved = json.loads(case.read_text())
+    assert saved["xfail"].startswith("found by fuzzing") and saved["flows"] == ["stitch"]
+    assert any("Exp" in line for line in saved["graph"])
+    onnx.checker.check_model(onnx.load(case.with_suffix(".onnx")))
+    first = tmp_path / "out" / case.stem
+    assert (first / "model.onnx").exists() and (first / "minimal.json").exists()
+    assert any("shrunk to" in line for line in lines)
+
+
+def test_worker_times_out_and_recovers() -> None:
+    model = make_model([helper.make_node("Neg", ["x"], ["y"])], {"x": ([8], F32)},
+                       {"y": ([8], F32)})
+    checker = Checker(default_flow(), "cuda:sm_90", resources=False, timeout=0.001)
+    try:
+        hung = checker(model)
+        assert (hung["kind"], hung["stage"]) == ("crash", "worker")
+        assert hung["error"].startswith("TimeoutError")
+        checker.timeout = 120
+        assert checker(model)["kind"] == "ok"
+    finally:
+        checker.close()
+
+
+def test_script_prints_the_summary_last(capsys: pytest.CaptureFixture) -> None:
+    status = _script().main(["--graphs", "3", "--seed", "11", "--timeout", "0",
+                             "--no-resources", "--max-nodes", "3"])
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert SUMMARY.match(last), last
+    assert status == (0 if last.split()[1:3] == ["mismatches=0", "crashes=0"] else 1)
+
+
+def test_bounded_sample_is_clean(capsys: pytest.CaptureFixture) -> None:
+    """The CI sample: a few graphs through the flow under test, resources checked."""
+    status = _script().main(["--graphs", "10", "--seed", str(CI_SEED), "--timeout", "0",
+                             "--shrink-budget", "0"])
+    out = capsys.readouterr().out
+    assert status == 0, out
+
+
+@pytest.mark.slow
+def test_large_sample_is_clean(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    status = _script().main(["--graphs", "200", "--seed", "7", "--out", str(tmp_path)])
+    assert status == 0, capsys.readouterr().out

@@ -1,0 +1,251 @@
+"""Global stitching: column reductions and what reads them back, on a persistent grid with
+grid barriers; the barrier itself on the SIMT runner (real, split into phases, or refused)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx
+import onnx.numpy_helper
+import pytest
+import tvm
+import tvm_ffi
+from stitch_helpers import (
+    assert_matches,
+    import_onnx,
+    kernel_count,
+    lower_stitch,
+    module_cuda_source,
+    reference,
+    run_simt,
+    stitched_functions,
+)
+from tvm import relax, tirx
+from tvm.script import tirx as T
+
+from tvm_stitch.analysis import analyze
+from tvm_stitch.plan import Scheme, StitchPlan
+from tvm_stitch.schedule import Unstitchable, kernel
+from tvm_stitch.schedule.grid_barrier import (
+    CUDA_DEFINITION,
+    GRID_SYNC,
+    count_grid_barriers,
+    is_grid_sync,
+)
+from tvm_stitch.simt import SimtFunction, SimtModule
+from tvm_stitch.simt.grid import GridTooLarge
+from tvm_stitch.simt.kernel import concurrent_work_groups
+from tvm_stitch.target import SIMT_CONCURRENT_BLOCKS, cuda_target, opencl_target
+from tvm_stitch.transform.stitch_fuse import stitch
+from tvm_stitch.workloads import inputs as make_inputs
+from tvm_stitch.workloads import micro
+
+
+def _check(model, target="cuda"):
+    scheduled, plan = lower_stitch(model, target)
+    feeds = make_inputs(model, 0)
+    assert_matches(run_simt(model, scheduled, feeds), reference(model, feeds))
+    return scheduled, plan
+
+
+def test_layer_norm_backward_is_one_persistent_kernel_with_one_barrier() -> None:
+    model = micro.layernorm_backward((1024, 768))
+    scheduled, plan = _check(model)  # more tiles than PoCL's work-groups: run as two phases
+    (group,) = plan.groups
+    assert not plan.fallbacks and len(group.ops) == 15
+    assert [p.kind for p in group.phases] == ["rows", "columns"]
+    assert group.phases[1].tasks == 2  # 768 columns, 512 threads: two column tasks
+    assert group.grid_barriers == 1 and group.launch.grid <= group.launch.wave
+    assert sum(e.scheme is Scheme.GLOBAL for e in group.edges) == 0  # outputs: no read-back
+    ((name, func),) = stitched_functions(scheduled).items()
+    assert kernel_count(func, name) == 1 and count_grid_barriers(func) == 1
+
+
+def test_layer_norm_backward_real_size_traffic() -> None:
+    scheduled, plan = lower_stitch(micro.layernorm_backward((8192, 768)))
+    report = analyze(scheduled)
+    assert len(report.kernels) == 1
+    assert report.traffic_ratio <= 1.3
+
+
+def test_batch_norm_training_runs_with_real_barriers_on_the_simt_device() -> None:
+    model = micro.batchnorm_train((64, 48))
+    scheduled, plan = _check(model, opencl_target())
+    (group,) = plan.groups
+    assert [p.kind for p in group.phases] == ["rows", "columns", "rows", "columns", "rows"]
+    assert group.launch.grid <= SIMT_CONCURRENT_BLOCKS <= concurrent_work_groups()
+    ((name, func),) = stitched_functions(scheduled).items()
+    simt = SimtFunction.from_primfunc(func, name)
+    launch = simt.lowered.launches[0]
+    # the grid fits the work-groups PoCL runs at once: the kernel runs whole, barriers real
+    assert simt.grid_barriers.launches(launch.kernel, group.launch.grid,
+                                       concurrent_work_groups()) == [launch.kernel]
+    assert GRID_SYNC in simt.source
+
+
+def test_column_sum_feeding_element_wise_ops_and_a_loss() -> None:
+    _, plan = _check(micro.column_sum((96, 40)))
+    assert [p.kind for p in plan.groups[0].phases] == ["rows", "columns"]
+    _, plan = _check(micro.logsoftmax_nll((24, 100)))
+    (group,) = plan.groups
+    assert group.ops[-2:] == ("lv9:mean", "gv:tir_negative")
+
+
+def test_column_space_blocks_stay_in_their_columns() -> None:
+    # max(x, 1.5) is imported as a max over a stacked axis: a column reduction of 2 rows whose
+    # 2560 columns are combined by 3 blocks, and a 2-D relu of them in the same phase
+    nodes = [onnx.helper.make_node("Max", ["x", "c"], ["m"]),
+             onnx.helper.make_node("Relu", ["m"], ["y"])]
+    graph = onnx.helper.make_graph(
+        nodes, "max_relu", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT,
+                                                               [16, 160])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [16, 160])],
+        [onnx.numpy_helper.from_array(np.array(1.5, np.float32), "c")])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)])
+    scheduled, plan = lower_stitch(model)
+    group = next(g for g in plan.groups if g.phases)
+    assert group.phases[1].tasks > 1
+    simt = SimtModule(scheduled)
+    x = np.random.default_rng(0).standard_normal((16, 160)).astype(np.float32)
+    for _ in range(5):
+        np.testing.assert_allclose(simt(x)[0], np.maximum(x, 1.5))
+
+
+def _colsum_kernel(target):
+    model = micro.column_sum((256, 64))
+    scheduled, _ = lower_stitch(model, target)
+    ((name, func),) = stitched_functions(scheduled).items()
+    x = make_inputs(model, 0)["x"]
+    return name, func, x
+
+
+def _without_barriers(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    def drop(stmt: tirx.Evaluate) -> tirx.Stmt:
+        return tirx.Evaluate(tirx.IntImm("int32", 0)) if is_grid_sync(stmt) else stmt
+
+    return tvm_ffi.structural_map(func, [(tirx.Evaluate, drop)])
+
+
+def _run(func: tirx.PrimFunc, name: str, x: np.ndarray) -> tuple[np.ndarray, SimtFunction]:
+    simt = SimtFunction.from_primfunc(func, name)
+    args = [x]
+    for p in simt.lowered.params[1:]:
+        dtype = str(p.dtype)
+        args.append(np.zeros([int(d) for d in p.shape], dtype))
+    simt(*args)
+    return args[2], simt
+
+
+@pytest.mark.parametrize("target", ["cuda", "opencl"])
+def test_a_missing_grid_barrier_gives_wrong_sums(target: str) -> None:
+    name, func, x = _colsum_kernel(target)
+    assert count_grid_barriers(func) == 1
+    right, _ = _run(func, name, x)
+    np.testing.assert_allclose(right, x.sum(0), rtol=1e-5, atol=1e-5)
+    if target == "opencl":  # grid within PoCL's work-groups: races, not a fixed order
+        return
+    wrong, simt = _run(_without_barriers(func), name, x)
+    assert not simt.grid_barriers.phases  # nothing to split at: one launch, no barrier
+    assert not np.allclose(wrong, x.sum(0), rtol=1e-5, atol=1e-5)
+
+
+def test_barrier_state_stays_valid_across_launches() -> None:
+    name, func, x = _colsum_kernel(opencl_target())
+    simt = SimtFunction.from_primfunc(func, name)
+    state_index = [p.name for p in simt.lowered.params].index("grid_barrier_state")
+    args = [np.zeros([int(d) for d in p.shape], str(p.dtype)) for p in simt.lowered.params]
+    args[0] = x
+    for launch in range(1, 4):  # the same state, never reset by the host
+        simt(*args)
+        np.testing.assert_allclose(args[2], x.sum(0), rtol=1e-5, atol=1e-5)
+        assert args[state_index].tolist() == [0, launch]  # count back to 0, generation +1
+
+
+def test_a_persistent_grid_over_one_wave_is_refused() -> None:
+    model = micro.column_sum((256, 64))
+    mod = import_onnx(model)
+    target = cuda_target()
+    with target:
+        legal = tvm.transform.Sequential([relax.transform.LegalizeOps(),
+                                          relax.transform.AnnotateTIROpPattern(),
+                                          relax.transform.FoldConstant()])(mod)
+    fused, plan = stitch(legal, target)
+    (group,) = plan.groups
+    func = fused[group.function]
+    kernel(func, group)  # as planned: fine
+    over = dataclasses.replace(group, launch=dataclasses.replace(
+        group.launch, grid=group.launch.wave + 1))
+    with pytest.raises(Unstitchable, match="must fit one wave"):
+        kernel(func, over)
+
+
+@T.prim_func(s_tir=True)
+def _barrier_in_a_loop(a: T.Buffer((16, 32), "float32"), state: T.Buffer((2,), "uint32"),
+                       b: T.Buffer((16, 32), "float32")):
+    T.func_attr({"tirx.is_scheduled": True})
+    for i in T.thread_binding(16, thread="blockIdx.x"):
+        for _k in range(2):
+            for j in T.thread_binding(32, thread="threadIdx.x"):
+                with T.sblock("copy"):
+                    vi, vj = T.axis.remap("SS", [i, j])
+                    b[vi, vj] = a[vi, vj] + T.float32(1)
+            T.evaluate(T.call_extern("void", "tvm_stitch_grid_sync", state.data))
+
+
+def test_a_grid_too_large_to_run_or_split_is_refused() -> None:
+    simt = SimtFunction.from_primfunc(_barrier_in_a_loop, "looped")
+    assert simt.grid_barriers.phases == {"looped_kernel": []}
+    a = np.ones((16, 32), "float32")
+    with pytest.raises(GridTooLarge, match="cannot be split at its barriers"):
+        simt(a, np.zeros(2, "uint32"), np.zeros_like(a))
+
+
+def test_cuda_source_defines_the_barrier_once() -> None:
+    scheduled, _ = lower_stitch(micro.column_sum((64, 32)))
+    source = module_cuda_source(scheduled, "sm_90")
+    assert source.count(CUDA_DEFINITION.strip()) == 1
+    assert source.index("tvm_stitch_grid_sync(unsigned int* state)") < source.index(
+        "__global__")
+
+
+def test_plan_of_a_global_group_round_trips() -> None:
+    _, plan = lower_stitch(micro.batchnorm_train((32, 16)))
+    assert StitchPlan.from_json(plan.to_json()) == plan
+    text = str(plan)
+    assert "phase 0 (rows" in text and "; grid barrier" in text and "launch " in text
+
+
+@pytest.mark.parametrize("target", ["cuda", "opencl"])
+@pytest.mark.parametrize(("build", "shape"), [(micro.softmax, (4, 3000)),
+                                              (micro.layer_norm, (4, 4096))])
+def test_few_long_rows_are_split_over_several_blocks(build, shape, target: str) -> None:
+    scheduled, plan = _check(build(shape), target)
+    (group,) = plan.groups
+    assert group.row_split > 1
+    assert group.mapping.rows == shape[0] * group.row_split  # the sub-rows are mapped
+    kinds = [p.kind for p in group.phases]
+    assert kinds[0] == "rows" and "columns" in kinds and group.grid_barriers >= 2
+    assert group.launch.grid <= group.launch.wave
+    ((name, func),) = stitched_functions(scheduled).items()
+    assert kernel_count(func, name) == 1
+
+
+def test_task_splitting_fills_the_gpu_on_64_rows_of_30000() -> None:
+    _, plan = lower_stitch(micro.softmax((64, 30000)))
+    (group,) = plan.groups
+    assert group.row_split == 4 and group.launch.grid == 256  # a block per SM or two
+
+
+@pytest.mark.parametrize("target", ["cuda", "opencl"])
+def test_a_whole_tensor_norm_is_split_and_its_scalars_combined_once(target: str) -> None:
+    # LayerNormalization over axis 0 of (3, 4096): one row of 12288 elements, reduced to 0-d
+    # mean and variance: every part sums its share, one thread combines each scalar
+    gamma = onnx.numpy_helper.from_array(np.full((3, 4096), 1.5, np.float32), "g")
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("LayerNormalization", ["x", "g"], ["y"], axis=0)], "ln",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3, 4096])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [3, 4096])], [gamma])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)])
+    _, plan = _check(model, target)
+    assert plan.groups[0].row_split > 1 and plan.groups[0].mapping.rows > 1

@@ -1,0 +1,123 @@
+"""Occupancy and launch configuration of a stitched kernel (AStitch section 4.3).
+
+A kernel's blocks per SM follow from its threads, registers and shared memory per block and
+the SM's limits (``tvm_stitch.analysis.GPUS``, the one GPU table). Registers are only known
+after ``ptxas``, so the launch configuration is fixed in three steps:
+
+1. *assume* every thread uses at most ``ASSUMED_REGISTERS`` registers;
+2. derive the blocks per SM that threads, shared memory and that register count allow
+   (``blocks_per_sm``), and so the blocks of one wave (SMs x blocks per SM);
+3. *relax* the register cap to the most registers that still keep that many blocks per SM
+   (``max_registers``), and *apply* it as ``__launch_bounds__(threads, blocks per SM)``:
+   ptxas then keeps every thread within the cap, so the planned wave is resident for real.
+
+The wave is what a persistent grid (Global stitching, a grid barrier) may launch at most: a
+grid larger than the blocks that can be resident at once deadlocks at its first barrier.
+
+``ASSUMED_REGISTERS`` is 48: ptxas (CUDA 13, sm_90) gives the stitched kernels of the workload
+zoo 15 to 45 registers, and the launch bound only caps registers, never lowers occupancy
+below what the kernel reaches on its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from math import prod
+
+import tvm_ffi
+from tvm import tirx
+from tvm.target import Target
+
+from ..analysis.roofline import GPU, gpu_of_arch
+from ..plan import Launch
+from ..target import SIMT_CONCURRENT_BLOCKS
+
+ASSUMED_REGISTERS = 48
+"""Registers per thread assumed before ptxas has compiled the kernel."""
+
+SIMT_DEVICE = replace(
+    gpu_of_arch("sm_90"), name="SIMT", arch="opencl", sms=SIMT_CONCURRENT_BLOCKS,
+    max_blocks_per_sm=1)
+"""The CPU SIMT runner as a GPU: PoCL runs ``SIMT_CONCURRENT_BLOCKS`` work-groups at once, one
+per host thread (an "SM" holding one block); per-block limits are CUDA's, as the OpenCL
+target's."""
+
+
+def device_of(target: Target | None) -> GPU:
+    """The GPU a target compiles for: the table's GPU of a CUDA architecture (H200 when the
+    target names none), the SIMT device for OpenCL."""
+    if target is None:
+        return gpu_of_arch("sm_90")
+    if target.kind.name == "opencl":
+        return SIMT_DEVICE
+    arch = str(target.attrs.get("arch", "sm_90"))
+    return gpu_of_arch(arch)
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def blocks_per_sm(gpu: GPU, threads: int, registers: int, shared_bytes: int) -> int:
+    """Resident blocks per SM of a kernel with ``threads`` threads per block, ``registers``
+    per thread and ``shared_bytes`` of shared memory per block; 0 if it cannot launch."""
+    warps = _ceil_div(threads, gpu.warp_size)
+    if warps == 0 or threads > gpu.max_threads_per_block \
+            or shared_bytes > gpu.shared_bytes_per_block \
+            or registers > gpu.max_registers_per_thread:
+        return 0
+    warp_registers = _ceil_div(max(registers, 1) * gpu.warp_size, gpu.register_granularity) \
+        * gpu.register_granularity
+    limits = [gpu.max_blocks_per_sm, gpu.max_threads_per_sm // (warps * gpu.warp_size),
+              gpu.registers_per_sm // (warp_registers * warps)]
+    if shared_bytes:
+        limits.append(gpu.shared_bytes_per_sm // (shared_bytes + gpu.reserved_shared_per_block))
+    return max(0, min(limits))
+
+
+def max_registers(gpu: GPU, threads: int, blocks: int) -> int:
+    """The most registers per thread that keep ``blocks`` blocks of ``threads`` threads
+    resident on one SM (the register file is allocated per warp, in granules)."""
+    warps = _ceil_div(threads, gpu.warp_size)
+    granules = gpu.registers_per_sm // (gpu.register_granularity * warps * max(blocks, 1))
+    return min(gpu.max_registers_per_thread,
+               granules * gpu.register_granularity // gpu.warp_size)
+
+
+SHARED_ALIGNMENT = 64
+"""TVM's CUDA code generator declares every shared array ``alignas(64)``."""
+
+
+def kernel_shared_bytes(kernel: tirx.PrimFunc) -> int:
+    """Static shared memory a finalised device kernel declares: its shared allocations, each
+    rounded up to the alignment they are declared with (an upper bound of ptxas' figure)."""
+    total = 0
+
+    def visit(stmt: tirx.AllocBuffer) -> None:
+        nonlocal total
+        buf = stmt.buffer
+        if buf.scope().startswith("shared") and all(isinstance(d, tirx.IntImm)
+                                                    for d in buf.shape):
+            size = prod(int(d) for d in buf.shape) * max(1, buf.dtype.bits
+                                                           * buf.dtype.lanes // 8)
+            total += _ceil_div(size, SHARED_ALIGNMENT) * SHARED_ALIGNMENT
+
+    tvm_ffi.structural_walk(kernel, [(tirx.AllocBuffer, visit)])
+    return total
+
+
+def launch_config(gpu: GPU, threads: int, shared_bytes: int, grid: int = 0,
+                  assumed_registers: int = ASSUMED_REGISTERS) -> Launch:
+    """Assume ``assumed_registers`` per thread, derive blocks per SM, relax the register cap
+    to what keeps them (a grid of ``grid`` blocks); raises ValueError when such a block
+    cannot launch at all."""
+    blocks = blocks_per_sm(gpu, threads, assumed_registers, shared_bytes)
+    if blocks == 0:
+        raise ValueError(f"a block of {threads} threads with {shared_bytes} B of shared memory "
+                         f"cannot launch on {gpu.name}")
+    return Launch(gpu.name, threads, shared_bytes, blocks, max_registers(gpu, threads, blocks),
+                  gpu.sms, grid)
+
+
+__all__ = ["ASSUMED_REGISTERS", "SIMT_DEVICE", "blocks_per_sm", "device_of",
+           "kernel_shared_bytes", "launch_config", "max_registers"]

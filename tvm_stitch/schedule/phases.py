@@ -1,0 +1,210 @@
+"""Roles and phases of the blocks of a group with column reductions (Global stitching).
+
+In a group whose row space is ``rows`` rows, a block is one of:
+
+- a *row* block: it walks the rows first and reads only its own row of what the group
+  produces (``rows.block_rows``), like every block of a Regional group;
+- a *column* reduction: it reduces over the rows (its reduction iterators span ``rows``) and
+  keeps one value per column; every thread block owns a tile of rows, so its result needs a
+  partial sum per tile and a combination of all of them, across thread blocks;
+- a *column-space* block: it computes from column results alone, one value per column (the
+  mean's division by the row count, ``var + eps``, ``sqrt`` of it, a loss's negation);
+- a *combine* block: the combination of the partials of a split row reduction (task
+  splitting, ``task_split``), one value per row of the unsplit rows.
+
+The kernel then runs in phases separated by grid barriers. Levels number them: row phase
+``k`` is level ``2k`` (row tiles: row blocks, and the partial sums of column reductions),
+column phase ``k`` is level ``2k + 1`` (the partials of the column reductions of row phase
+``k`` combined, and the column-space blocks computed from them). A block runs in the first
+phase at which everything it reads is available: a column result produced at level ``2k+1``
+is available to row phase ``k + 1``. A combine block runs in the column phase after the row
+phase of its partials.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from math import prod
+
+from tvm import s_tir, tirx
+from tvm.s_tir.schedule import SBlockRV
+
+from .blocks import child_blocks, name_of
+from .rows import (
+    BlockRows,
+    Unstitchable,
+    access_rows,
+    block_rows,
+    iters_of,
+    row_element_map,
+)
+from .task_split import is_combine
+
+ROW = "row"
+COLUMN = "column"
+COLUMN_SPACE = "column-space"
+COMBINE = "combine"
+
+
+@dataclass
+class Roles:
+    """Kind and level of every block (by name); the columns of every column reduction (the
+    ones it keeps) and column-space block (the ones it computes)."""
+
+    kinds: dict[str, str] = field(default_factory=dict)
+    levels: dict[str, int] = field(default_factory=dict)
+    widths: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def columns(self) -> dict[str, int]:
+        """The columns each column reduction keeps, by block name."""
+        return {n: w for n, w in self.widths.items() if self.kinds[n] == COLUMN}
+
+    @property
+    def combines(self) -> list[str]:
+        """Blocks that sum partials in a column phase: column reductions and combine blocks."""
+        return [n for n, k in self.kinds.items() if k in (COLUMN, COMBINE)]
+
+    def of_kind(self, kind: str) -> list[str]:
+        """Names of the blocks of ``kind``, in program order."""
+        return [n for n, k in self.kinds.items() if k == kind]
+
+    @property
+    def global_scheme(self) -> bool:
+        """Whether the group needs Global stitching (it has a column reduction or a split
+        row reduction)."""
+        return bool(self.combines)
+
+    def available(self, name: str) -> int:
+        """The level from which the result of block ``name`` can be read."""
+        kind, level = self.kinds[name], self.levels[name]
+        return level + 1 if kind == COLUMN else level
+
+
+def _even_from(level: int) -> int:
+    return level + (level % 2)
+
+
+def column_reductions(sch: s_tir.Schedule, rows: int) -> list[str]:
+    """Blocks that reduce over all ``rows`` rows and are not row blocks."""
+    found = []
+    for block in child_blocks(sch):
+        if is_combine(sch, block):
+            continue
+        iters = iters_of(sch, block)
+        reduce = [i for i in iters if i.kind == "R"]
+        if not reduce or prod(i.extent for i in reduce) != rows:
+            continue
+        try:
+            block_rows(sch, block, rows)
+        except Unstitchable:
+            found.append(name_of(sch, block))
+    return found
+
+
+def normalise_column(sch: s_tir.Schedule, block: SBlockRV) -> None:
+    """Rewrite a column reduction to iterate over (row, column): its reduction iterators
+    linearised into the row, its spatial ones into the column."""
+    iters = iters_of(sch, block)
+    row_pos = [p for p, i in enumerate(iters) if i.kind == "R"]
+    col_pos = [p for p, i in enumerate(iters) if i.kind == "S"]
+    if [i.kind for i in iters] == ["R", "S"]:
+        return
+    index_map = row_element_map(row_pos, [iters[p].extent for p in row_pos],
+                                col_pos, [iters[p].extent for p in col_pos])
+    dtype = str(iters[0].var.ty.dtype)
+    sch.transform_block_layout(
+        block, tirx.IndexMap.from_func(index_map, ndim=len(iters), index_dtype=dtype))
+
+
+def column_view(sch: s_tir.Schedule, block: SBlockRV) -> BlockRows:
+    """A normalised column reduction seen as a block over (row, column): its row iterator is
+    the reduction one."""
+    iters = iters_of(sch, block)
+    return BlockRows(name_of(sch, block), tuple(iters), 1)
+
+
+def assign_roles(sch: s_tir.Schedule, rows: int) -> Roles:
+    """Kinds and levels of every block; column reductions must be normalised already.
+
+    Raises Unstitchable for a block that is none of the three kinds, or a column reduction
+    that reads another row than the one it reduces.
+    """
+    roles = Roles()
+    writers: dict[str, str] = {}
+    for block in child_blocks(sch):
+        name = name_of(sch, block)
+        stmt = sch.get(block)
+        produced = [writers[r.source.name] for r in stmt.reads if r.source.name in writers]
+        kind = _kind(sch, block, rows, roles, produced)
+        roles.kinds[name] = kind
+        if kind == COLUMN:
+            roles.widths[name] = column_view(sch, block).iters[1].extent
+            _check_column_reads(sch, block, rows)
+        elif kind in (COLUMN_SPACE, COMBINE):
+            roles.widths[name] = prod(i.extent for i in iters_of(sch, block) if i.kind == "S")
+        availability = [roles.available(p) for p in produced]
+        if kind == COLUMN_SPACE:
+            roles.levels[name] = max(availability)
+        elif kind == COMBINE:
+            roles.levels[name] = max((_even_from(a) for a in availability), default=0) + 1
+        else:
+            roles.levels[name] = max((_even_from(a) for a in availability), default=0)
+        for w in stmt.writes:
+            writers[w.source.name] = name
+    return roles
+
+
+def _kind(sch: s_tir.Schedule, block: SBlockRV, rows: int, roles: Roles, produced: list[str]
+          ) -> str:
+    if is_combine(sch, block):
+        return COMBINE
+    iters = iters_of(sch, block)
+    if [i.kind for i in iters] == ["R", "S"] and iters[0].extent == rows:
+        try:
+            block_rows(sch, block, rows)
+        except Unstitchable:
+            return COLUMN
+    column_inputs = [p for p in produced if roles.kinds[p] in (COLUMN, COLUMN_SPACE, COMBINE)]
+    if column_inputs and len(column_inputs) == len(produced) \
+            and all(i.kind == "S" for i in iters):
+        size = prod(i.extent for i in iters)
+        sizes = {prod(int(d) for d in w.source.shape)
+                 for p in column_inputs for w in sch.get(sch.get_sblock(p)).writes}
+        if size in sizes:
+            return COLUMN_SPACE
+    block_rows(sch, block, rows)  # raises Unstitchable: neither kind
+    return ROW
+
+
+def _check_column_reads(sch: s_tir.Schedule, block: SBlockRV, rows: int) -> None:
+    view = column_view(sch, block)
+    for region in sch.get(block).reads:
+        if region.source.same_as(sch.get(block).writes[0].source):
+            continue
+        if access_rows(view, region, rows) == "other":
+            raise Unstitchable(f"column reduction {view.name} reads {region.source.name} "
+                               "outside the row it reduces")
+
+
+def crossings(sch: s_tir.Schedule, roles: Roles) -> list[tuple[str, str]]:
+    """(producer, consumer) pairs of row-space blocks in different phases: a row intermediate
+    that would have to survive a grid barrier (the partials a combine block sums are meant
+    to: they are written to global memory)."""
+    writers: dict[str, str] = {}
+    found = []
+    for block in child_blocks(sch):
+        name = name_of(sch, block)
+        for region in sch.get(block).reads:
+            producer = writers.get(region.source.name)
+            if producer is not None and roles.kinds[producer] == ROW \
+                    and roles.kinds[name] in (ROW, COLUMN) \
+                    and roles.levels[producer] != roles.levels[name]:
+                found.append((producer, name))
+        for w in sch.get(block).writes:
+            writers[w.source.name] = name
+    return found
+
+
+__all__ = ["ROW", "COLUMN", "COLUMN_SPACE", "COMBINE", "Roles", "column_reductions",
+           "normalise_column", "column_view", "assign_roles", "crossings"]

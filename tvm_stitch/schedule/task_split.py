@@ -1,0 +1,122 @@
+"""Task splitting (AStitch section 4.3): few long rows, each split over several thread blocks.
+
+With fewer rows than the GPU has SMs, a block per row leaves most of the GPU idle. Task
+splitting cuts every row into ``parts`` sub-rows of equal length and maps those as the rows
+of the kernel, so ``rows x parts`` blocks share the work. A reduction over a row becomes a
+reduction over each sub-row (a partial result per sub-row, ``rfactor`` over the parts) and a
+combination of the ``parts`` partials of each row (a *combine* block, marked with
+``COMBINE_ATTR``), which needs the partials of other blocks: Global stitching, a grid barrier
+before the combination and another before the sub-rows read its result. So a split group is
+a Global group over ``rows x parts`` sub-rows (``tvm_stitch.schedule.phases``).
+
+``split_rows`` rewrites the blocks of a row group that is in (row, element) form
+(``layout.flatten_rows``): element-wise blocks and the intermediates they write move to
+(sub-row, element-in-part) layouts, reductions are factored, blocks with one value per row
+stay as they are (they become column-space blocks of the combined results).
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+
+from .blocks import child_blocks
+from .layout import flatten_rows
+from .rows import Unstitchable, block_rows
+
+COMBINE_ATTR = "stitch.combine"
+"""Block annotation of the combination of a split reduction's partials."""
+
+
+def split_rows(sch: s_tir.Schedule, func: tirx.PrimFunc, rows: int, parts: int) -> None:
+    """Rewrite the row group scheduled by ``sch`` (over ``rows`` rows) to ``rows x parts``
+    sub-rows; raises Unstitchable when a block's row does not split into ``parts``."""
+    flatten_rows(sch, rows, [])
+    params = {p.name for p in func.params}
+    plans = []
+    for block in child_blocks(sch):
+        info = block_rows(sch, block, rows)
+        length = info.elements
+        if length == 1:
+            continue
+        if length % parts:
+            raise Unstitchable(f"block {info.name}: rows of {length} elements do not split "
+                               f"into {parts} parts")
+        plans.append((info.name, info.is_reduction, length // parts))
+    for name, reduction, chunk in plans:
+        if not reduction:
+            _split_writes(sch, sch.get_sblock(name), params, rows, parts, chunk)
+    for name, reduction, chunk in plans:
+        block = sch.get_sblock(name)
+        if reduction:
+            _split_reduction(sch, block, parts, chunk)
+        else:
+            sch.transform_block_layout(block, _sub_rows(parts, chunk, block, sch))
+
+
+def _index_dtype(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> str:
+    return str(sch.get(block).iter_vars[0].var.ty.dtype)
+
+
+def _sub_rows(parts: int, chunk: int, block: s_tir.schedule.SBlockRV,
+              sch: s_tir.Schedule) -> tirx.IndexMap:
+    """(row, element) -> (row x parts + element // chunk, element % chunk)."""
+    return tirx.IndexMap.from_func(lambda r, e: [r * parts + e // chunk, e % chunk], ndim=2,
+                                   index_dtype=_index_dtype(sch, block))
+
+
+def _split_writes(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, params: set[str],
+                  rows: int, parts: int, chunk: int) -> None:
+    """Lay the intermediates ``block`` writes (rows x length) out as sub-rows."""
+    for index, region in enumerate(sch.get(block).writes):
+        buf = region.source
+        if buf.name in params:
+            continue
+        shape = [int(d) for d in buf.shape]
+        if shape != [rows, chunk * parts]:
+            raise Unstitchable(f"intermediate {buf.name} {shape} is not laid out as "
+                               f"{rows} rows of {chunk * parts}")
+        sch.transform_layout(block, ("write", index), _sub_rows(parts, chunk, block, sch))
+
+
+def _split_reduction(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, parts: int,
+                     chunk: int) -> None:
+    """A row reduction as a reduction per sub-row (its partial, laid out rows x parts) and
+    the combination of each row's partials, marked with ``COMBINE_ATTR``."""
+    _, elem = sch.get_loops(block)
+    part, _ = sch.split(elem, [parts, chunk])
+    result = sch.get(block).writes[0].source
+    partial = sch.rfactor(part, min(1, len(result.shape)))  # partials: rows x parts
+    # rfactor puts the factored iterator first: partial (part, row | element), and the
+    # combination (part | row), which is already (reduced, kept) as a column combination
+    kinds = [(int(iv.iter_type), int(iv.dom.extent)) for iv in sch.get(partial).iter_vars]
+    if [k for k, _ in kinds] != [tirx.IterVar.DataPar, tirx.IterVar.DataPar,
+                                 tirx.IterVar.CommReduce] or kinds[0][1] != parts:
+        raise Unstitchable(f"unexpected iterators {kinds} after factoring "
+                           f"{sch.get(block).name_hint}")
+    row_loop, part_loop, _ = sch.get_loops(partial)
+    sch.reorder(part_loop, row_loop)  # loops in the order of the iterators they bind
+    sch.transform_block_layout(partial, tirx.IndexMap.from_func(
+        lambda p, r, e: [r * parts + p, e], ndim=3, index_dtype=_index_dtype(sch, partial)))
+    row_loop, part_loop = sch.get_loops(block)
+    sch.reorder(part_loop, row_loop)  # (part, row): the loops of a column combination
+    sch.annotate(block, COMBINE_ATTR, 1)
+
+
+def is_combine(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
+    """Whether ``block`` combines the partials of a split reduction."""
+    annotations = sch.get(block).annotations
+    return annotations is not None and COMBINE_ATTR in annotations
+
+
+def split_parts(rows: int, length: int, wave: int, threads: int) -> int:
+    """Parts per row for task splitting: the most sub-rows that fit one ``wave`` of blocks,
+    each at least ``threads`` elements long (a divisor of ``length``); 1 when splitting would
+    not give more blocks."""
+    best = 1
+    for parts in range(2, length // threads + 1):
+        if length % parts == 0 and rows * parts <= wave:
+            best = parts
+    return best
+
+
+__all__ = ["COMBINE_ATTR", "split_rows", "is_combine", "split_parts"]

@@ -1,0 +1,242 @@
+"""One differential check: compile a model with a flow, run it on the SIMT runner, compare with
+onnxruntime, and say what went wrong in terms a fuzzer can count.
+
+Outcome kinds:
+
+- ``ok``: the outputs match (``verify.compare``: float32 within rtol = atol = 1e-4, float16
+  within ``verify.RTOL/ATOL["float16"]`` = 1e-2, integers and booleans exactly).
+- ``mismatch``: the outputs are wrong.
+- ``crash``: an exception in our code or TVM that the baseline flow does not share.
+- ``tvm_crash``: the baseline flow (TVM's default pipeline) fails at the same stage (compile,
+  SIMT run or resource check): a TVM limitation, not a stitching bug. With
+  ``flow="baseline"`` failures to compile or to build for CUDA count here, while a failure of
+  the SIMT run stays a ``crash`` (the runner is ours). Failures of the harness itself (making
+  inputs, running onnxruntime) are always a ``crash``.
+
+Independently of the kind, ``fallbacks`` lists the regions the stitch plan left to TVM (with
+the reason), ``violations`` the per-kernel resource limits broken by kernels the stitch flow
+scheduled and ``tvm_violations`` those broken by kernels TVM scheduled (``resources``).
+
+float16 references: onnxruntime's CPU provider lacks float16 kernels for many ops, and the SIMT
+runner computes float16 kernels in float32 (``tvm_stitch.simt.retype``), so the reference for
+a model with float16 tensors is onnxruntime on its float32 twin (every float16 type, constant
+and cast made float32), rounded to float16 at the outputs.
+"""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+from tvm.ir import IRModule
+
+from .. import verify
+from ..plan import StitchPlan
+from ..target import DEFAULT_TARGET
+from ..workloads import inputs as make_inputs
+
+STAGES = ("compile", "inputs", "simt", "reference", "resources")
+# Stages that run the flow's output through TVM; "inputs" and "reference" are the harness's.
+_FLOW_STAGES = ("compile", "simt", "resources")
+
+
+@dataclass
+class Outcome:
+    """What one model did under one flow."""
+
+    flow: str
+    kind: str = "ok"  # ok | mismatch | crash | tvm_crash
+    stage: str = ""  # where a crash happened (one of STAGES)
+    error: str = ""  # exception type and message, or the worst error of a mismatch
+    max_abs_err: float | None = None
+    functions: int = 0  # GPU PrimFuncs main calls
+    fallbacks: list[str] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)  # in kernels the stitch flow made
+    tvm_violations: list[str] = field(default_factory=list)  # in kernels TVM scheduled
+    baseline: str = ""  # the baseline flow's kind, when it was run for comparison
+    trace: str = ""
+
+    @property
+    def failed(self) -> bool:
+        """True for wrong numbers, crashes (ours or TVM's) and resource violations."""
+        return self.kind != "ok" or bool(self.violations)
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain-data form for JSON reports."""
+        return asdict(self)
+
+
+class _Failure(Exception):
+    """An exception raised at a named stage of a check."""
+
+    def __init__(self, stage: str, error: BaseException) -> None:
+        super().__init__(f"{stage}: {type(error).__name__}: {error}")
+        self.stage = stage
+        self.error = error
+
+
+def default_flow() -> str:
+    """The flow under test: "stitch" when that flow is available, else "baseline"."""
+    from ..pipeline import available_flows
+
+    return "stitch" if "stitch" in available_flows() else "baseline"
+
+
+def float32_twin(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` computing in float32 wherever it computes in float16."""
+    twin = onnx.ModelProto()
+    twin.CopyFrom(model)
+    graph = twin.graph
+    del graph.value_info[:]
+    for value in list(graph.input) + list(graph.output):
+        if value.type.tensor_type.elem_type == TensorProto.FLOAT16:
+            value.type.tensor_type.elem_type = TensorProto.FLOAT
+    for i, tensor in enumerate(graph.initializer):
+        if tensor.data_type == TensorProto.FLOAT16:
+            wide = numpy_helper.to_array(tensor).astype(np.float32)
+            graph.initializer[i].CopyFrom(numpy_helper.from_array(wide, tensor.name))
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.name == "to" and attr.i == TensorProto.FLOAT16:
+                attr.i = TensorProto.FLOAT
+            if attr.type == onnx.AttributeProto.TENSOR and attr.t.data_type == TensorProto.FLOAT16:
+                wide = numpy_helper.to_array(attr.t).astype(np.float32)
+                attr.t.CopyFrom(numpy_helper.from_array(wide, attr.t.name))
+    return twin
+
+
+def has_float16(model: onnx.ModelProto) -> bool:
+    """True if any graph input, output, initializer, constant or cast of ``model`` is
+    float16."""
+    graph = model.graph
+    types = [v.type.tensor_type.elem_type for v in list(graph.input) + list(graph.output)]
+    types += [t.data_type for t in graph.initializer]
+    for attr in (a for n in graph.node for a in n.attribute):
+        types += [attr.i] if attr.name == "to" else []
+        types += [attr.t.data_type] if attr.type == onnx.AttributeProto.TENSOR else []
+    return TensorProto.FLOAT16 in types
+
+
+def reference_outputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]
+                      ) -> list[np.ndarray]:
+    """onnxruntime's outputs; for float16 models, those of the float32 twin rounded back."""
+    if not has_float16(model):
+        return verify.reference_outputs(model, feeds)
+    wide = {k: v.astype(np.float32) if v.dtype == np.float16 else v for k, v in feeds.items()}
+    outputs = verify.reference_outputs(float32_twin(model), wide)
+    dtypes = [helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type)
+              for v in model.graph.output]
+    return [np.asarray(o).astype(d) for o, d in zip(outputs, dtypes, strict=True)]
+
+
+def compare(outputs: list[np.ndarray], expected: list[np.ndarray]) -> verify.Check:
+    """``verify.compare`` with dtypes checked and non-finite values compared exactly (an inf
+    must be the same inf, a NaN a NaN), and 0-d outputs handled: ``verify.compare`` crashes
+    on 0-d arrays, rejects NaN against NaN and accepts anything against an inf (see
+    tests/regressions/test_verify_compare.py)."""
+    if len(outputs) != len(expected):
+        return verify.Check(float("inf"), False)
+    pairs = [_comparable(out, np.asarray(ref)) for out, ref in zip(outputs, expected, strict=True)]
+    if any(out.dtype != ref.dtype for out, ref in pairs):
+        return verify.Check(float("inf"), False)
+    return verify.compare([out for out, _ in pairs], [ref for _, ref in pairs])
+
+
+def _comparable(out: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """At least 1-d copies where matching non-finite values become 0 and mismatching ones
+    NaN in ``out`` against 0 in ``ref`` (which ``verify.compare`` reports as an error)."""
+    out, ref = np.atleast_1d(out), np.atleast_1d(ref)
+    if out.shape != ref.shape or out.dtype.kind != "f" or ref.dtype.kind != "f":
+        return out, ref
+    special = ~(np.isfinite(out) & np.isfinite(ref))
+    agree = (out == ref) | (np.isnan(out) & np.isnan(ref))
+    out = np.where(special, np.where(agree, 0.0, np.nan), out).astype(out.dtype)
+    ref = np.where(special, 0.0, ref).astype(ref.dtype)
+    return out, ref
+
+
+def difference(outputs: list[np.ndarray], expected: list[np.ndarray]) -> str:
+    """Where ``outputs`` first differ from ``expected``, in words."""
+    if len(outputs) != len(expected):
+        return f"{len(outputs)} output(s), expected {len(expected)}"
+    for i, (out, ref) in enumerate(zip(outputs, expected, strict=True)):
+        ref = np.asarray(ref)
+        if out.shape != ref.shape or out.dtype != ref.dtype:
+            return (f"output {i} is {out.dtype}{list(out.shape)}, "
+                    f"expected {ref.dtype}{list(ref.shape)}")
+        check = compare([out], [ref])
+        if not check.ok:
+            return f"output {i}: max abs error {check.max_abs_err:.3g}"
+    return "outputs match"
+
+
+def _compile(model: onnx.ModelProto, flow: str, target: str
+             ) -> tuple[IRModule, StitchPlan | None]:
+    scheduled = verify.compile_model(model, flow, target)
+    return scheduled, StitchPlan.of_module(scheduled)
+
+
+def _stage(stage: str, fn, *args):
+    try:
+        return fn(*args)
+    except Exception as err:  # every failure is counted, whatever raised it
+        raise _Failure(stage, err) from err
+
+
+def check_model(model: onnx.ModelProto, flow: str, target: str = DEFAULT_TARGET, seed: int = 0,
+                resources: bool = True, triage: bool = True,
+                feeds: dict[str, np.ndarray] | None = None,
+                expected: list[np.ndarray] | None = None) -> Outcome:
+    """Compile ``model`` with ``flow``, run it on the SIMT runner, compare and (``resources``)
+    check every kernel's resources. Inputs are ``feeds``, else seeded random values; the
+    reference is ``expected``, else onnxruntime's outputs. ``triage`` runs the baseline flow
+    on a failure to tell TVM's crashes from ours."""
+    from ..simt import SimtModule
+    from .resources import check_resources
+
+    outcome = Outcome(flow)
+    try:
+        scheduled, plan = _stage("compile", _compile, model, flow, target)
+        if plan is not None:
+            outcome.fallbacks = [f"{', '.join(f.ops)}: {f.reason}" for f in plan.fallbacks]
+        if feeds is None:
+            feeds = _stage("inputs", make_inputs, model, seed)
+        simt = _stage("simt", SimtModule, scheduled)
+        outputs = _stage("simt", simt, *feeds.values())
+        outcome.functions = len(simt.functions)
+        if expected is None:
+            expected = _stage("reference", reference_outputs, model, feeds)
+        check = compare(outputs, expected)
+        outcome.max_abs_err = check.max_abs_err
+        if not check.ok:
+            outcome.kind = "mismatch"
+            outcome.error = difference(outputs, expected)
+        if resources:
+            report = _stage("resources", check_resources, scheduled, plan)
+            outcome.violations = report.violations
+            outcome.tvm_violations = report.tvm_violations
+    except _Failure as failure:
+        outcome.kind, outcome.stage = "crash", failure.stage
+        outcome.error = f"{type(failure.error).__name__}: {failure.error}"[:2000]
+        outcome.trace = "".join(traceback.format_exception(failure.error))[-6000:]
+    if triage and outcome.kind != "ok":
+        _triage(outcome, model, target, seed, feeds, expected)
+    return outcome
+
+
+def _triage(outcome: Outcome, model: onnx.ModelProto, target: str, seed: int,
+            feeds: dict[str, np.ndarray] | None, expected: list[np.ndarray] | None) -> None:
+    """Run the baseline flow on a failing model; reclassify crashes TVM has too."""
+    if outcome.flow == "baseline":
+        if outcome.kind == "crash" and outcome.stage in ("compile", "resources"):
+            outcome.kind = "tvm_crash"
+        return
+    base = check_model(model, "baseline", target, seed, outcome.stage == "resources",
+                       False, feeds, expected)
+    outcome.baseline = base.kind if not base.stage else f"{base.kind} at {base.stage}"
+    if (outcome.kind == "crash" and outcome.stage in _FLOW_STAGES and base.kind == "crash"
+            and base.stage == outcome.stage):
+        outcome.kind = "tvm_crash"

@@ -1,0 +1,190 @@
+"""Resource limits of every kernel a scheduled module launches, for each CUDA architecture.
+
+A kernel that breaks one of these either fails to launch, deadlocks or runs far slower than
+planned on the GPU, while the SIMT runner would still run it. Checked per kernel, per
+architecture (``nvcc -Xptxas -v`` on TVM's CUDA source for that architecture, read by
+``tvm_stitch.analysis.ptxas_resources``; launch shapes from ``tvm_stitch.lowering``):
+
+- threads per block at most 1024 (and at most 64 on z); grid y and z at most 65535;
+- static shared memory within the per-block limit (48 KB without the dynamic opt-in);
+- registers per block within the register file (``registers x threads <= 65536``: more fails
+  to launch with "too many resources requested");
+- no register spills (stores or loads), and at most ``MAX_STACK_BYTES`` of local memory per
+  thread;
+- kernels with a grid barrier: at most one wave of blocks (every block resident at once, or
+  the barrier deadlocks), from the occupancy of the kernel's threads, registers and shared
+  memory on the architecture's GPU.
+
+Violations are split by who scheduled the kernel: the stitch flow (PrimFuncs carrying the plan's
+group attribute) or TVM's own rules (the baseline flow, and regions the plan left to TVM).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import tvm
+import tvm_ffi
+from tvm import tirx
+from tvm.ir import IRModule
+from tvm.sym import Analyzer
+
+from ..analysis import GPU, KernelResources, gpu_of_arch, ptxas_resources
+from ..lowering import KernelLaunch, LoweredFunc, lower
+from ..plan import GROUP_ATTR, Scheme, StitchPlan
+from ..schedule.grid_barrier import GRID_SYNC
+from ..schedule.occupancy import blocks_per_sm
+from ..target import MAX_SHARED_MEMORY_PER_BLOCK, MAX_THREADS_PER_BLOCK, cuda_target
+
+ARCHS = ("sm_80", "sm_90")
+# A stack frame means per-thread arrays in local memory (DRAM behind L1); a few small ones are
+# normal, a large one is a tensor staged per thread (e.g. a whole intermediate).
+MAX_STACK_BYTES = 1024
+
+
+SMS: dict[str, GPU] = {arch: gpu_of_arch(arch) for arch in ARCHS}
+"""The GPU of each architecture checked (``tvm_stitch.analysis.GPUS``: SM count and limits)."""
+
+
+@dataclass
+class KernelCheck:
+    """One kernel launch on one architecture and the limits it breaks."""
+
+    arch: str
+    func: str
+    kernel: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    registers: int
+    shared_bytes: int
+    spill_bytes: int
+    stack_bytes: int
+    grid_barrier: bool
+    wave: int
+    stitched: bool  # scheduled by the stitch flow (else by TVM's own rules, e.g. a fallback)
+    problems: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ResourceReport:
+    """Every kernel of a module on every architecture checked."""
+
+    kernels: list[KernelCheck]
+
+    @property
+    def violations(self) -> list[str]:
+        """One line per broken limit of a stitched kernel: ``arch func/kernel: problem``."""
+        return self._lines(stitched=True)
+
+    @property
+    def tvm_violations(self) -> list[str]:
+        """The same for kernels TVM scheduled (baseline flow, stitch fallbacks)."""
+        return self._lines(stitched=False)
+
+    def _lines(self, stitched: bool) -> list[str]:
+        return [f"{k.arch} {k.func}/{k.kernel}: {p}" for k in self.kernels
+                if k.stitched == stitched for p in k.problems]
+
+
+def _is_grid_barrier(call: tvm.ir.Call) -> bool:
+    """TVM's global barrier, ``tvm_storage_sync("global")``, or the stitch flow's own,
+    ``call_extern(GRID_SYNC, ...)``."""
+    op = getattr(call.op, "name", "")
+    first = getattr(call.args[0], "value", None) if call.args else None
+    return ((op == "tirx.tvm_storage_sync" and first == "global")
+            or (op == "tirx.call_extern" and first == GRID_SYNC))
+
+
+def _global_barrier_funcs(scheduled: IRModule, plan: StitchPlan | None) -> set[str]:
+    """PrimFuncs that synchronise their whole grid: a grid barrier in their TIR, or a group of
+    the plan with a Global edge."""
+    found = set()
+    for gv, func in scheduled.functions.items():
+        if not isinstance(func, tirx.PrimFunc):
+            continue
+        calls: list[tvm.ir.Call] = []
+        tvm_ffi.structural_walk(func, [(tvm.ir.Call, calls.append)])
+        if any(_is_grid_barrier(c) for c in calls):
+            found.add(gv.name_hint)
+    if plan is not None:
+        found |= {g.function for g in plan.groups
+                  if g.grid_barriers or any(e.scheme is Scheme.GLOBAL for e in g.edges)}
+    return found
+
+
+def _launches(scheduled: IRModule, arch: str) -> Iterator[tuple[str, KernelLaunch, Analyzer,
+                                                             LoweredFunc]]:
+    """Every kernel launch of every PrimFunc, lowered for ``arch``, with its shapes bound."""
+    target = cuda_target(arch)
+    for gv, func in scheduled.functions.items():
+        if not isinstance(func, tirx.PrimFunc):
+            continue
+        lowered = lower(func, gv.name_hint, target)
+        shapes = []
+        for p in lowered.params:
+            if isinstance(p.ty, tirx.BufferType):
+                if not all(isinstance(d, tirx.IntImm) for d in p.shape):
+                    raise ValueError(f"{gv.name_hint}: parameter {p.name} has a symbolic "
+                                     f"shape {list(p.shape)}; resources need static shapes")
+                shapes.append(tuple(int(d) for d in p.shape))
+        ana = lowered.bind_shapes(shapes)
+        for launch in lowered.launches:
+            yield gv.name_hint, launch, ana, lowered
+
+
+def _check(arch: str, func: str, launch: KernelLaunch, ana: Analyzer,
+           res: KernelResources | None, grid_barrier: bool, stitched: bool) -> KernelCheck:
+    grid, block = launch.geometry(ana)
+    threads, blocks = math.prod(block), math.prod(grid)
+    registers = res.registers if res else 0
+    shared = res.shared_bytes if res else 0
+    spills = (res.spill_store_bytes + res.spill_load_bytes) if res else 0
+    stack = res.stack_bytes if res else 0
+    sm = SMS[arch]
+    wave = sm.sms * blocks_per_sm(sm, threads, registers, shared)
+    check = KernelCheck(arch, func, launch.kernel, grid, block, registers, shared, spills,
+                        stack, grid_barrier, wave, stitched)
+    problems = check.problems
+    if threads > MAX_THREADS_PER_BLOCK or block[2] > 64:
+        problems.append(f"{threads} threads per block (block {block})")
+    if grid[1] > 65535 or grid[2] > 65535 or grid[0] > 2**31 - 1:
+        problems.append(f"grid {grid} exceeds CUDA's grid limits")
+    if res is None:
+        problems.append("no ptxas resources reported for this kernel")
+    if shared > MAX_SHARED_MEMORY_PER_BLOCK:
+        problems.append(f"{shared} B of shared memory per block (limit "
+                        f"{MAX_SHARED_MEMORY_PER_BLOCK})")
+    if registers * threads > sm.registers_per_sm:
+        problems.append(f"{registers} registers x {threads} threads exceed the register file "
+                        f"({sm.registers_per_sm})")
+    if res is not None and spills:
+        problems.append(f"spills {spills} B (stores {res.spill_store_bytes}, loads "
+                        f"{res.spill_load_bytes})")
+    if stack > MAX_STACK_BYTES:
+        problems.append(f"{stack} B of local memory (stack frame) per thread")
+    if grid_barrier and blocks > wave:
+        problems.append(f"grid barrier with {blocks} blocks, more than one wave ({wave})")
+    return check
+
+
+def check_resources(scheduled: IRModule, plan: StitchPlan | None = None,
+                    archs: tuple[str, ...] = ARCHS) -> ResourceReport:
+    """Check every kernel of every PrimFunc of ``scheduled``, compiled for each of ``archs``
+    (nvcc runs in parallel, one process per core)."""
+    plan = plan if plan is not None else StitchPlan.of_module(scheduled)
+    barriers = _global_barrier_funcs(scheduled, plan)
+    stitched = {gv.name_hint for gv, f in scheduled.functions.items()
+                if isinstance(f, tirx.PrimFunc) and f.attrs is not None and GROUP_ATTR in f.attrs}
+    launches = [(arch, *item) for arch in archs for item in _launches(scheduled, arch)]
+    sources = {(lowered.source(), arch) for arch, _, _, _, lowered in launches}
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        compiled = dict(zip(sources, pool.map(lambda job: ptxas_resources(*job), sources),
+                            strict=True))
+    return ResourceReport([
+        _check(arch, func, launch, ana, compiled[lowered.source(), arch].get(launch.kernel),
+               func in barriers, func in stitched)
+        for arch, func, launch, ana, lowered in launches])
