@@ -270,9 +270,10 @@ def test_runtime_only_import_loads_the_cuda_library(cuda_pack: Path, tmp_path: P
 def run_check(pack: Path, out: Path, *args: str, **env: str) -> dict[str, Any]:
     """Run gpu_check.sh on ``pack`` and return results.json."""
     cmd = ["bash", str(SCRIPTS / "gpu_check.sh"), str(pack), str(out), *args]
-    result = subprocess.run(
-        cmd, capture_output=True, text=True, env={**os.environ, **env}, timeout=300
-    )
+    # The interpreter running the tests has this machine's tvm-ffi; a bare python3 on PATH
+    # would install the pack's Python 3.12 wheel, which cannot load here.
+    env = {**os.environ, "PYTHON": sys.executable, **env}
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     return json.loads((out / "results.json").read_text())
 
