@@ -58,8 +58,10 @@ class ThreadMapping:
 
     A thread block holds ``rows_per_block`` rows at a time (threadIdx.y, horizontal packing)
     with ``threads_per_row`` threads on each (threadIdx.x), and walks ``row_steps`` such
-    groups of rows in sequence (vertical packing). For a FLAT mapping a row is one element
-    and ``rows_per_block`` elements run on threadIdx.x.
+    groups of rows in sequence (vertical packing). Element-wise blocks access ``vector``
+    consecutive elements at once (vectorised loads and stores). For a FLAT mapping a row is
+    one element and ``rows_per_block`` threads run on threadIdx.x, each on ``vector``
+    elements.
     """
 
     kind: MappingKind
@@ -68,6 +70,7 @@ class ThreadMapping:
     rows_per_block: int
     threads_per_row: int
     row_steps: int = 1
+    vector: int = 1
 
     @property
     def threads_per_block(self) -> int:
@@ -79,12 +82,14 @@ class ThreadMapping:
     @property
     def blocks(self) -> int:
         """Thread blocks in the grid."""
-        return -(-self.rows // (self.rows_per_block * self.row_steps))
+        per_thread = self.vector if self.kind is MappingKind.FLAT else 1
+        return -(-self.rows // (self.rows_per_block * self.row_steps * per_thread))
 
     def __str__(self) -> str:
         if self.kind is MappingKind.FLAT:
-            return (f"flat: {self.rows} elements, {self.rows_per_block} threads per block, "
-                    f"{self.blocks} blocks")
+            vector = f", {self.vector} elements per access" if self.vector > 1 else ""
+            return (f"flat: {self.rows} elements, {self.rows_per_block} threads per block"
+                    f"{vector}, {self.blocks} blocks")
         steps = f", {self.row_steps} rows in sequence" if self.row_steps > 1 else ""
         return (f"{self.kind.value}: {self.rows} rows x {self.row_length}, "
                 f"{self.rows_per_block} row(s) x {self.threads_per_row} threads per block"

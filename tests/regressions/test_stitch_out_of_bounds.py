@@ -11,7 +11,6 @@ test only. Found by ONNX's node test test_argmax_default_axis_random. Owner: sch
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from onnx import TensorProto, helper
 from regression_models import model, needs_stitch
 
@@ -37,9 +36,6 @@ def test_argmax_over_the_first_axis_leaves_the_process_alive() -> None:
     assert all(o["kind"] == "ok" for o in outcomes), [o["error"] for o in outcomes]
 
 
-@pytest.mark.xfail(strict=True, reason="stitched Max(x, scalar) on (257, 2) (stack + max over "
-                                       "the stacked axis) writes out of bounds: the process "
-                                       "aborts with heap corruption")
 def test_max_with_a_scalar_leaves_the_process_alive() -> None:
     """Found by scripts/fuzz.py --seed 5 (graph 16), shrunk: "free(): invalid next size",
     "corrupted size vs. prev_size"."""

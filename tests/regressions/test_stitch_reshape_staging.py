@@ -12,7 +12,6 @@ a 60 KB stack frame). Found by scripts/fuzz.py --seed 3 while shrinking graph 97
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from onnx import TensorProto, helper
 from regression_models import model, needs_stitch
 
@@ -22,8 +21,6 @@ from tvm_stitch.testing.resources import check_resources
 pytestmark = needs_stitch
 
 
-@pytest.mark.xfail(strict=True, reason="stitch flow stages a whole reshaped tensor per thread "
-                                       "in local memory (240 KB stack frame)")
 def test_reshape_with_two_consumers_is_not_staged_whole_per_thread() -> None:
     nodes = [helper.make_node("Reshape", ["x", "flat"], ["r"]),
              helper.make_node("Reshape", ["r", "same"], ["r2"]),
@@ -35,8 +32,6 @@ def test_reshape_with_two_consumers_is_not_staged_whole_per_thread() -> None:
     assert report.violations == [], report.violations
 
 
-@pytest.mark.xfail(strict=True, reason="stitch flow stages a whole input per thread in local "
-                                       "memory (60 KB stack frame)")
 def test_input_read_directly_and_through_a_reshape_is_not_staged_whole() -> None:
     nodes = [helper.make_node("Reshape", ["x", "flat"], ["r"]),
              helper.make_node("Neg", ["r"], ["n"]),

@@ -92,23 +92,24 @@ def test_column_sum_feeding_element_wise_ops_and_a_loss() -> None:
     assert group.ops[-2:] == ("lv9:mean", "gv:tir_negative")
 
 
-def test_column_space_blocks_stay_in_their_columns() -> None:
-    # max(x, 1.5) is imported as a max over a stacked axis: a column reduction of 2 rows whose
-    # 2560 columns are combined by 3 blocks, and a 2-D relu of them in the same phase
+@pytest.mark.parametrize("shape", [(16, 160), (257, 2)])
+def test_column_space_blocks_stay_in_their_columns(shape: tuple[int, int]) -> None:
+    # max(x, 1.5) is imported as a max over a stacked axis: a column reduction of 2 rows
+    # whose columns are combined by several blocks (16 x 160) or by one block with threads
+    # past the last column (257 x 2), and a 2-D relu of them in the same phase
     nodes = [onnx.helper.make_node("Max", ["x", "c"], ["m"]),
              onnx.helper.make_node("Relu", ["m"], ["y"])]
     graph = onnx.helper.make_graph(
         nodes, "max_relu", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT,
-                                                               [16, 160])],
-        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [16, 160])],
+                                                               list(shape))],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, list(shape))],
         [onnx.numpy_helper.from_array(np.array(1.5, np.float32), "c")])
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)])
     scheduled, plan = lower_stitch(model)
-    group = next(g for g in plan.groups if g.phases)
-    assert group.phases[1].tasks > 1
+    assert any(g.phases for g in plan.groups)
     simt = SimtModule(scheduled)
-    x = np.random.default_rng(0).standard_normal((16, 160)).astype(np.float32)
-    for _ in range(5):
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    for _ in range(3):
         np.testing.assert_allclose(simt(x)[0], np.maximum(x, 1.5))
 
 

@@ -103,7 +103,7 @@ def test_column_reduction_read_back_by_rows_is_one_global_group() -> None:
 def test_element_wise_group_is_flat_and_keeps_reused_values_in_registers() -> None:
     plan = _plan("adam_update", 16, 64)
     (group,) = plan.groups
-    assert group.mapping == ThreadMapping(MappingKind.FLAT, 1024, 1, 256, 1)
+    assert group.mapping == ThreadMapping(MappingKind.FLAT, 1024, 1, 256, 1)  # 4 blocks
     assert len(group.outputs) == 3
     assert {b.level for b in group.buffers} == {StorageLevel.REGISTER}
     assert group.shared_bytes == 0

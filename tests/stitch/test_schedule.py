@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import stitch_patterns as patterns
 import tvm
+from onnx import TensorProto, helper, numpy_helper
 from stitch_helpers import (
     assert_matches,
     kernel_count,
@@ -15,6 +17,7 @@ from stitch_helpers import (
 )
 
 import tvm_stitch.schedule.decisions as decide_module
+from tvm_stitch.analysis import analyze
 from tvm_stitch.plan import MappingKind, StorageLevel
 from tvm_stitch.schedule.mapping import DEFAULT_GPU, flat_mapping, row_mapping
 
@@ -45,6 +48,11 @@ def test_packing_keeps_a_block_per_sm_and_divides_the_rows() -> None:
 def test_flat_mapping() -> None:
     assert flat_mapping(1 << 20).rows_per_block == 256
     assert flat_mapping(40).rows_per_block == 64
+    assert flat_mapping(1 << 20).vector == 4  # float4: 1024 blocks of 256 threads
+    assert flat_mapping(1 << 20, element_bytes=2).vector == 8  # eight halves: 16 bytes
+    assert flat_mapping(1 << 20, element_bytes=8).vector == 2
+    assert flat_mapping(999 * 256).vector == 1  # 999 blocks: vectors would not divide
+    assert flat_mapping(32768).vector == 1  # 128 blocks: vectors would leave SMs idle
 
 
 def test_over_budget_demotes_and_stays_correct() -> None:
@@ -103,4 +111,27 @@ def test_grouping_error_gives_up_stitching_not_the_compile(
     scheduled, plan = lower_stitch(model)
     assert not plan.groups
     assert plan.notes == ("stitching gave up (RuntimeError: unexpected IR): TVM's fusion only",)
+    assert_matches(run_simt(model, scheduled, inputs), reference(model, inputs))
+
+
+def test_reshaped_values_kept_in_registers_are_not_vectorised() -> None:
+    # exp(x) kept in registers and read back through a reshape (an index divided by the row
+    # length): a register copy for a vector of four would cover a box of rows, so the group
+    # keeps one element per thread; the kernel stays countable and right
+    shape = numpy_helper.from_array(np.array([64 * 4096], np.int64), "shape")
+    nodes = [helper.make_node("Exp", ["x"], ["a"]),
+             helper.make_node("Reshape", ["a", "shape"], ["b"]),
+             helper.make_node("Reshape", ["x", "shape"], ["c"]),
+             helper.make_node("Mul", ["b", "c"], ["d"]),
+             helper.make_node("Add", ["d", "b"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "reshaped", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 4096])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64 * 4096])], [shape])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    scheduled, plan = lower_stitch(model)
+    (group,) = plan.groups
+    assert group.mapping.kind is MappingKind.FLAT and group.mapping.vector == 1
+    assert any(b.level is StorageLevel.REGISTER for b in group.buffers)
+    assert analyze(scheduled).traffic_ratio == pytest.approx(1.5)  # x read twice, not staged
+    inputs = {"x": np.random.default_rng(0).standard_normal((64, 4096)).astype("float32")}
     assert_matches(run_simt(model, scheduled, inputs), reference(model, inputs))

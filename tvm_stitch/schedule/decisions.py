@@ -27,6 +27,8 @@ import logging
 from dataclasses import dataclass, field, replace
 from math import prod
 
+import tvm
+import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.target import Target
 
@@ -47,7 +49,14 @@ from .blocks import (
     written_params,
 )
 from .emit import kernel
-from .mapping import divisors, flat_mapping, row_mapping, row_steps, with_rows_per_block
+from .mapping import (
+    divisors,
+    flat_mapping,
+    row_mapping,
+    row_steps,
+    row_vector,
+    with_rows_per_block,
+)
 from .occupancy import device_of, kernel_shared_bytes, launch_config
 from .phases import (
     COLUMN,
@@ -235,7 +244,11 @@ def _decide_flat(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, reused:
                                  f"read at {sites} places"))
     buffers = tuple(Buffer(n, "output", StorageLevel.REGISTER, 0,
                            "written out and read inside the kernel") for n in reused)
-    mapping = flat_mapping(size, max_threads)
+    mapping = flat_mapping(size, max_threads, max(_bytes(p) for p in func.params), gpu)
+    if (kept or staged or reused) and any(_reshaped(r) for b in child_blocks(sch)
+                                          for r in (*sch.get(b).reads, *sch.get(b).writes)):
+        # a register copy of a reshaped access would be a bounding box around the vector
+        mapping = replace(mapping, vector=1)
     return replace(group, mapping=mapping, inlined=tuple(inlined),
                    buffers=buffers + tuple(kept) + tuple(staged), shared_bytes=0,
                    shared_budget=0,
@@ -245,7 +258,10 @@ def _decide_flat(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, reused:
 def _element_aligned(sch: s_tir.Schedule, blocks: list, buffer: tirx.Buffer, size: int
                      ) -> bool:
     """Whether every access of ``blocks`` to ``buffer`` touches the element the block is at,
-    counting elements of the ``size``-element iteration space in row-major order."""
+    counting elements of the ``size``-element iteration space in row-major order, without
+    wrapping around it: an index such as ``i % size`` is the element itself for every real
+    element, but a thread past the last one (a partial block) would stage the range between
+    its wrapped and unwrapped index in its registers."""
     for block in blocks:
         try:
             info = block_rows(sch, block, size)
@@ -253,9 +269,28 @@ def _element_aligned(sch: s_tir.Schedule, blocks: list, buffer: tirx.Buffer, siz
             return False
         stmt = sch.get(block)
         for region in (*stmt.reads, *stmt.writes):
-            if region.source.same_as(buffer) and access_rows(info, region, size) != "aligned":
+            if not region.source.same_as(buffer):
+                continue
+            if access_rows(info, region, size) != "aligned" or _wraps_around(region):
                 return False
     return True
+
+
+def _wraps_around(region: tvm.ir.TensorRegion) -> bool:
+    """Whether the region's indices wrap around (``i % n``)."""
+    found: list[tvm.ir.PrimExpr] = []
+    for r in region.region:
+        tvm_ffi.structural_walk(r.min, [((tirx.FloorMod, tirx.Mod), found.append)])
+    return bool(found)
+
+
+def _reshaped(region: tvm.ir.TensorRegion) -> bool:
+    """Whether the region's indices divide or wrap the iteration space (a reshape)."""
+    found: list[tvm.ir.PrimExpr] = []
+    kinds = (tirx.FloorMod, tirx.Mod, tirx.FloorDiv, tirx.Div)
+    for r in region.region:
+        tvm_ffi.structural_walk(r.min, [(kinds, found.append)])
+    return bool(found)
 
 
 def _writes_param(sch: s_tir.Schedule, func: tirx.PrimFunc, block) -> bool:
@@ -276,6 +311,7 @@ def _decide_rows(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: i
     mapping = row_mapping(rows, length, rows, max_threads, gpu)
     mapping = _fit_budget(sch, dec, mapping, budget)
     mapping = _pack_vertically(dec, mapping, gpu)
+    mapping = replace(mapping, vector=row_vector(mapping, max(_bytes(p) for p in func.params)))
     shared = _shared_bytes(dec, mapping)
     return replace(group, mapping=mapping, inlined=tuple(dec.inlined),
                    buffers=_buffers(dec, mapping, reused),

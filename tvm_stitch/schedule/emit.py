@@ -159,14 +159,17 @@ def _sinks(sch: s_tir.Schedule, among: set[str] | None = None
 
 
 def _map_flat(sch: s_tir.Schedule, mapping: ThreadMapping) -> None:
-    """One element per thread: every sink's loops fused and split over (blockIdx.x,
-    threadIdx.x), the sinks merged under one thread, the kept producers computed at it."""
+    """``vector`` consecutive elements per thread: every sink's loops fused and split over
+    (blockIdx.x, threadIdx.x, vector lanes), the sinks merged under one thread, the kept
+    producers computed at it; the lanes vectorised."""
     sinks, others = _sinks(sch)
     heads, threads = [], []
     for block in sinks:
         loops = sch.get_loops(block) or [sch.add_unit_loop(block)]
         fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-        outer, thread = sch.split(fused, [None, mapping.rows_per_block])
+        factors = [None, mapping.rows_per_block] + ([mapping.vector] if mapping.vector > 1
+                                                    else [])
+        outer, thread, *_ = sch.split(fused, factors)
         heads.append(outer)
         threads.append(thread)
     bx = sch.merge(*heads) if len(heads) > 1 else heads[0]
@@ -175,6 +178,9 @@ def _map_flat(sch: s_tir.Schedule, mapping: ThreadMapping) -> None:
     sch.bind(tx, "threadIdx.x")
     for block in reversed(others):
         sch.compute_at(block, tx, preserve_unit_loops=True)
+    if mapping.vector > 1:
+        for block in sinks:
+            sch.vectorize(sch.get_loops(block)[-1])
 
 
 def _map_rows(sch: s_tir.Schedule, mapping: ThreadMapping, rows: int,
@@ -193,7 +199,7 @@ def _map_rows(sch: s_tir.Schedule, mapping: ThreadMapping, rows: int,
             row, [None, mapping.row_steps, mapping.rows_per_block])
         heads.append(outer)
         steps.append(step)
-        bindings.append((row_in_block, _thread_loop(sch, elem, mapping)))
+        bindings.append((row_in_block, _element_loop(sch, block, elem, mapping)))
     bx = sch.merge(*heads) if len(heads) > 1 else heads[0]
     step = sch.merge(*steps) if len(steps) > 1 else steps[0]
     sch.bind(bx, "blockIdx.x")
@@ -205,7 +211,7 @@ def _map_rows(sch: s_tir.Schedule, mapping: ThreadMapping, rows: int,
         if len(loops) != 2:
             raise Unstitchable(f"block {name_of(sch, block)}: compute-at made {len(loops)} "
                                "loops for (row, element)")
-        _bind_threads(sch, mapping, loops[0], _thread_loop(sch, loops[1], mapping))
+        _bind_threads(sch, mapping, loops[0], _element_loop(sch, block, loops[1], mapping))
     for block in caches:
         sch.compute_at(block, bx, preserve_unit_loops=True)
         loops = sch.get_loops(block)[1:]
@@ -220,6 +226,22 @@ def _two_loops(sch: s_tir.Schedule, block: SBlockRV) -> tuple[LoopRV, LoopRV]:
     if len(loops) != 2:
         raise Unstitchable(f"block {name_of(sch, block)} is not in (row, element) form")
     return loops[0], loops[1]
+
+
+def _element_loop(sch: s_tir.Schedule, block: SBlockRV, elem: LoopRV,
+                  mapping: ThreadMapping) -> LoopRV:
+    """The thread loop of a row block's element loop: ``vector`` consecutive elements per
+    thread at once (vectorised) for a block without reduction over whole rows of a mapping
+    that allows it, else ``_thread_loop``; returns the thread loop."""
+    spatial = all(int(iv.iter_type) == tirx.IterVar.DataPar for iv in sch.get(block).iter_vars)
+    extent = sch.get(elem).extent
+    if mapping.vector == 1 or not spatial or not isinstance(extent, tirx.IntImm) \
+            or int(extent) % (mapping.threads_per_row * mapping.vector):
+        return _thread_loop(sch, elem, mapping)
+    serial, thread, lane = sch.split(elem, [None, mapping.threads_per_row, mapping.vector])
+    sch.reorder(thread, serial, lane)
+    sch.vectorize(lane)
+    return thread
 
 
 def _thread_loop(sch: s_tir.Schedule, elem: LoopRV, mapping: ThreadMapping) -> LoopRV:
@@ -363,7 +385,7 @@ def _map_row_phase(sch: s_tir.Schedule, mapping: ThreadMapping, names: set[str],
         outer, step, row_in_block = sch.split(row, [None, mapping.row_steps, 1])
         heads.append(outer)
         steps.append(step)
-        bindings.append((row_in_block, _thread_loop(sch, elem, mapping)))
+        bindings.append((row_in_block, _element_loop(sch, block, elem, mapping)))
     bx = sch.merge(*heads) if len(heads) > 1 else heads[0]
     step = sch.merge(*steps) if len(steps) > 1 else steps[0]
     sch.bind(bx, "blockIdx.x")
@@ -375,7 +397,7 @@ def _map_row_phase(sch: s_tir.Schedule, mapping: ThreadMapping, names: set[str],
         if len(loops) != 2:
             raise Unstitchable(f"block {name_of(sch, block)}: compute-at made {len(loops)} "
                                "loops for (row, element)")
-        sch.bind(_thread_loop(sch, loops[1], mapping), "threadIdx.x")
+        sch.bind(_element_loop(sch, block, loops[1], mapping), "threadIdx.x")
     for block in row_caches:
         sch.compute_at(block, step, preserve_unit_loops=True)
         _bind_inner_loops(sch, block, 2, mapping)
@@ -438,7 +460,11 @@ def _map_column_phase(sch: s_tir.Schedule, threads: int, combines: list[str],
         sch.bind(outer, "blockIdx.x")
     for name in combines:  # after the merge, which loses the block index of later blocks
         block = sch.get_sblock(name)
-        if not sch.get(block).writes[0].source.shape:
-            continue  # a 0-d sum: a copy out of a register would lose its column's guard
+        result = sch.get(block).writes[0].source
+        dims = [int(d) for d in result.shape if int(d) > 1]
+        if len(dims) != 1 or dims[0] % threads:
+            # the copy out of a register would be derived for whole threads and lose the
+            # guard of a partial one (or of a 0-d sum): accumulate in place instead
+            continue
         total = sch.cache_write(block, 0, LOCAL)  # the sum in a register, stored once
         sch.reverse_compute_at(total, sch.get_loops(block)[1], preserve_unit_loops=True)

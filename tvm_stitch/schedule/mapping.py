@@ -96,10 +96,34 @@ def row_steps(mapping: ThreadMapping, wave: int, span: int | None = None) -> int
     return min(fitting) if fitting else max(options)
 
 
-def flat_mapping(elements: int, max_threads: int = MAX_THREADS_PER_BLOCK) -> ThreadMapping:
-    """One element per thread, ``BLOCK_THREADS`` threads per block (fewer for tiny sizes)."""
+VECTOR_BYTES = 16
+"""Widest access of one thread: float4 for float32, eight halves (a float4 of half2) for
+float16."""
+
+
+def flat_mapping(elements: int, max_threads: int = MAX_THREADS_PER_BLOCK,
+                 element_bytes: int = 4, gpu: GPU = DEFAULT_GPU) -> ThreadMapping:
+    """``BLOCK_THREADS`` threads per block (fewer for tiny sizes), each on a vector of
+    consecutive elements as wide as ``VECTOR_BYTES`` allows for elements of
+    ``element_bytes`` (the widest in the kernel) when the blocks then divide the elements
+    (aligned, no partial vectors) and still give every SM of ``gpu`` a block, else on one
+    element."""
     threads = min(max_threads, BLOCK_THREADS, max(WARP_SIZE, _pow2_ceil(elements)))
-    return ThreadMapping(MappingKind.FLAT, elements, 1, threads, 1)
+    vector = max(1, VECTOR_BYTES // element_bytes)
+    while vector > 1 and (elements % (threads * vector)
+                          or elements // (threads * vector) < gpu.sms):
+        vector //= 2
+    return ThreadMapping(MappingKind.FLAT, elements, 1, threads, 1, vector=vector)
+
+
+def row_vector(mapping: ThreadMapping, element_bytes: int) -> int:
+    """Elements per access of the element-wise blocks of a row mapping: as wide as
+    ``VECTOR_BYTES`` allows when the row's threads cover it in whole vectors (every row then
+    starts aligned to a vector), else 1."""
+    vector = max(1, VECTOR_BYTES // element_bytes)
+    while vector > 1 and mapping.row_length % (mapping.threads_per_row * vector):
+        vector //= 2
+    return vector
 
 
 def with_rows_per_block(mapping: ThreadMapping, rows_per_block: int) -> ThreadMapping:
