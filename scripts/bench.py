@@ -16,7 +16,10 @@ import time
 import traceback
 from pathlib import Path
 
+from tvm import tirx
+
 from tvm_stitch import analysis, pipeline, verify, workloads
+from tvm_stitch.schedule.grid_barrier import count_grid_barriers
 from tvm_stitch.target import DEFAULT_TARGET
 
 GPUS = ("H200", "A100", "V100")
@@ -32,6 +35,8 @@ def bench_flow(model, flow: str, size: str, target: str) -> dict:
     row["blocks"] = [k["blocks"] for k in kernels]
     row["threads_per_block"] = [k["threads_per_block"] for k in kernels]
     row["waves"] = [round(k["waves"]["H200"], 3) for k in kernels]
+    row["grid_barriers"] = sum(count_grid_barriers(f) for f in scheduled.functions.values()
+                               if isinstance(f, tirx.PrimFunc))
     check = verify.run_simt(scheduled, model) if size == "ci" else None
     row["max_abs_err"] = check.max_abs_err if check else None
     row["ok"] = check.ok if check else None
