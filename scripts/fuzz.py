@@ -10,7 +10,8 @@ cases. The last line printed is::
 
     graphs=N mismatches=M crashes=C fallbacks=F tvm_crashes=T resource_violations=R
 
-``crashes`` counts crashes the baseline flow does not share; ``tvm_crashes`` those it does;
+``crashes`` counts crashes the baseline flow does not share; ``tvm_crashes`` those it does
+(TVM's own, or limits of the SIMT runner that both flows meet);
 ``fallbacks`` the graphs whose stitch plan left a region to TVM. Exit status 1 when M, C or R
 is non-zero.
 """
@@ -18,6 +19,7 @@ is non-zero.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -75,4 +77,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # On SIGTERM, unwind normally so that the worker process is stopped too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sys.exit(main())

@@ -2,9 +2,10 @@
 and by tests/fuzz/test_differential.py, each replayed through the flows it failed with.
 
 A case is ``cases/<name>.onnx`` plus ``cases/<name>.json``: ``flows``, the input ``seed``,
-``found_by``, the readable ``graph``, the ``outcome`` seen, and ``xfail``: the reason while the
-bug is open (the test is then a strict xfail), removed by whoever fixes it. Cases run in a
-worker process (``fuzz.Checker``), so one that hangs or kills its process fails alone.
+``found_by``, the readable ``graph``, the ``outcome`` seen, optionally a ``note``, and
+``xfail``: the reason while the bug is open (the test is then a strict xfail), removed by
+whoever fixes it. Cases run in a worker process (``fuzz.Checker``), so one that hangs or kills
+its process fails alone.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from tvm_stitch.target import DEFAULT_TARGET
 from tvm_stitch.testing.fuzz import Checker
 
 CASES = Path(__file__).parent / "cases"
+CASE_TIMEOUT = 120.0  # seconds; a case takes a few, so more is a hang
 
 
 def _params() -> list:
@@ -49,7 +51,7 @@ def test_saved_case(meta_path: Path, flow: str, checkers: dict[str, Checker]) ->
     if flow not in available_flows():
         pytest.skip(f"flow {flow!r} is not available")
     meta = json.loads(meta_path.read_text())
-    checker = checkers.setdefault(flow, Checker(flow, DEFAULT_TARGET, True, 300.0,
+    checker = checkers.setdefault(flow, Checker(flow, DEFAULT_TARGET, True, CASE_TIMEOUT,
                                                 triage=False))
     outcome = checker(onnx.load(CASES / meta["model"]), meta.get("seed", 0))
     assert outcome["kind"] == "ok" and not outcome["violations"], (

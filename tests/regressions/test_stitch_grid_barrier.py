@@ -1,25 +1,23 @@
-"""Global stitching (a persistent kernel with a grid barrier between its phases) gives
-intermittent wrong numbers on the SIMT runner. ONNX ``Max(x, 1.5) -> Relu`` on (16, 768) is
-imported as stack + max-reduction over the stacked axis, which the stitch flow schedules as a
-two-phase kernel (row partials, grid barrier, columns). Run repeatedly on one SimtModule, about
-half the runs return garbage in some rows (errors up to 1e18); a fresh module fails about one
-run in twenty. Either the kernel (phase hand-off through ``lv2_red_intermediate_rf``, barrier
-state reuse across launches) or the runner's concurrent work-groups is at fault.
-Found by scripts/fuzz.py --seed 3 (graph 112), shrunk. Owner: schedule/ (grid barrier,
-persistent kernels) with simt/ (concurrent blocks).
-Fixed: the column phase computed ``relu`` of a 2-D output for the rows its flat column range
-touched, reading columns another block combines in the same phase (a race); column-space
-blocks now walk exactly the columns of their task (tests/stitch/test_global.py). At this size
-the column partial sums would take all of shared memory, so the group falls back to TVM."""
+"""Global stitching (a persistent kernel with a grid barrier between its phases) on the SIMT
+runner. ONNX ``Max``/``Min`` with a constant are imported as stack + a reduction over the
+stacked axis, which the stitch flow schedules as a two-phase kernel (row partials, grid barrier,
+columns). ``Max(x, 1.5) -> Relu`` on (16, 768) gave intermittent garbage when one module ran
+repeatedly (fuzz seed 3, graph 112; fixed since, kept as a guard); ``Min(x, row) ->
+Transpose`` on (4, 8) still does (fuzz seed 5, graph 163); those tests run one module
+``RUNS`` times. A third kernel does not build on PoCL at all (fuzz seed 5, graph 243).
+Owner: schedule/ (grid barrier, persistent kernels) with simt/ (concurrent blocks)."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from onnx import helper
 from regression_models import model, needs_stitch
 
 from tvm_stitch import verify
 from tvm_stitch.simt import SimtModule
+from tvm_stitch.target import DEFAULT_TARGET
+from tvm_stitch.testing.fuzz import Checker
 
 pytestmark = needs_stitch
 
@@ -35,3 +33,40 @@ def test_repeated_runs_of_a_global_stitched_kernel_agree() -> None:
     expected = np.maximum(x, 1.5)
     wrong = sum(not np.allclose(simt(x)[0], expected) for _ in range(RUNS))
     assert wrong == 0, f"{wrong} of {RUNS} runs wrong"
+
+
+@pytest.mark.xfail(strict=True, reason="wrong numbers (garbage, up to 1e36) from the two-phase "
+                                       "grid-barrier kernel of Min(x, row) -> Transpose")
+def test_column_phase_feeding_a_transpose_is_right() -> None:
+    """Min(x, row) on (4, 8) (stack + min over the stacked axis, a two-phase kernel: row
+    partials, grid barrier, columns) feeding a Transpose. Found by scripts/fuzz.py --seed 5
+    (graph 163), shrunk; most runs of one module are wrong."""
+    nodes = [helper.make_node("Min", ["x", "row"], ["m"]),
+             helper.make_node("Transpose", ["m"], ["y"], perm=[1, 0])]
+    row = np.linspace(-1.0, 1.0, 8).astype(np.float32)
+    built = model(nodes, {"x": [4, 8]}, {"y": [8, 4]}, {"row": row})
+    simt = SimtModule(verify.compile_model(built, "stitch"))
+    x = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
+    expected = np.minimum(x, row).T
+    wrong = sum(not np.allclose(simt(x)[0], expected) for _ in range(RUNS))
+    assert wrong == 0, f"{wrong} of {RUNS} runs wrong"
+
+
+@pytest.mark.xfail(strict=True, reason="PoCL cannot build the grid-barrier kernel ('Could not "
+                                       "find a dominating alternative variable') and the "
+                                       "process aborts")
+def test_layer_norm_and_column_sum_build_on_the_simt_runner() -> None:
+    """LayerNormalization over the last two axes and ReduceSum over the first of a (2, 2, 8)
+    tensor, stitched into one two-phase kernel: PoCL's work-group compiler fails on it (it
+    dumps broken.dot into the working directory) and aborts. The baseline flow runs it. Found
+    by scripts/fuzz.py --seed 5 (graph 243), shrunk; runs in a worker process."""
+    nodes = [helper.make_node("LayerNormalization", ["x", "scale"], ["ln"], axis=-2),
+             helper.make_node("ReduceSum", ["x", "axes"], ["s"], keepdims=0)]
+    built = model(nodes, {"x": [2, 2, 8]}, {"ln": [2, 2, 8], "s": [2, 8]},
+                  {"scale": np.ones((2, 8), np.float32), "axes": np.array([0], np.int64)})
+    checker = Checker("stitch", DEFAULT_TARGET, resources=False, timeout=120, triage=False)
+    try:
+        outcome = checker(built)
+    finally:
+        checker.close()
+    assert outcome["kind"] == "ok", outcome["error"]

@@ -8,7 +8,8 @@ Outcome kinds:
 - ``mismatch``: the outputs are wrong.
 - ``crash``: an exception in our code or TVM that the baseline flow does not share.
 - ``tvm_crash``: the baseline flow (TVM's default pipeline) fails at the same stage (compile,
-  SIMT run or resource check): a TVM limitation, not a stitching bug. With
+  SIMT run or resource check): not a stitching bug, but TVM's or a limit of the SIMT runner
+  that both flows meet (e.g. dynamic shared memory). With
   ``flow="baseline"`` failures to compile or to build for CUDA count here, while a failure of
   the SIMT run stays a ``crash`` (the runner is ours). Failures of the harness itself (making
   inputs, running onnxruntime) are always a ``crash``.

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import os
 import re
 import signal
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -33,7 +35,8 @@ from .choices import ReplayChooser, shrink
 from .differential import Outcome, check_model
 from .graphs import GraphConfig, describe, graph_from_seed, random_graph
 
-SUMMARY_KEYS = ("graphs", "mismatches", "crashes", "fallbacks")
+SHRINK_TIMEOUT = 60.0
+"""Seconds per candidate while shrinking a hang (a graph that passes takes a few)."""
 
 
 @dataclass
@@ -96,7 +99,9 @@ class Summary:
 
 def _serve(conn: Connection) -> None:
     """Worker loop: receive a model (as bytes) and the arguments of ``check_model``, send the
-    outcome; ``None`` ends the loop."""
+    outcome; ``None`` ends the loop. Runs in a scratch directory: PoCL's kernel compiler drops
+    debug files (``broken.dot``) into the working directory when it fails."""
+    os.chdir(tempfile.mkdtemp(prefix="tvm_stitch_worker_"))
     while True:
         task = conn.recv()
         if task is None:
@@ -306,8 +311,15 @@ def _keep(options: Options, index: int, model: onnx.ModelProto, offsets: list[in
             _write_case(options.out / name, f"aside-{len(summary.failures)}", model, other,
                         {"found_by": found_by + " (while shrinking)"})
 
-    minimal, minimal_outcome = minimise(offsets, checker, signature(outcome), options.config,
-                                        options.shrink_budget, aside)
+    # A hang costs the whole timeout per candidate: shrink hangs under a shorter one.
+    full_timeout = checker.timeout
+    if outcome["error"].startswith("TimeoutError"):
+        checker.timeout = min(full_timeout, SHRINK_TIMEOUT)
+    try:
+        minimal, minimal_outcome = minimise(offsets, checker, signature(outcome),
+                                            options.config, options.shrink_budget, aside)
+    finally:
+        checker.timeout = full_timeout
     log(f"  shrunk to {len(minimal.graph.node)} node(s):\n    "
         + describe(minimal).replace("\n", "\n    "))
     if options.out is not None:
