@@ -52,6 +52,18 @@ def _bool_as_bytes(source: str) -> str:
     return re.sub(r"\bbool\s*\*", "uchar*", source)
 
 
+# C99's float-suffixed math functions that TVM's OpenCL code generator emits for intrinsics it
+# has no OpenCL rule for; OpenCL C overloads the plain names instead and has no ``acosf``.
+_C_FLOAT_MATH = ("acos", "acosh", "asin", "asinh", "atan", "atanh", "atan2", "tan", "log1p",
+                 "hypot", "copysign", "nextafter", "ldexp")
+_C_FLOAT_CALL = re.compile(r"\b(" + "|".join(_C_FLOAT_MATH) + r")f\(")
+
+
+def _opencl_math_names(source: str) -> str:
+    """Call OpenCL's overloaded math functions where TVM emitted C's ``f``-suffixed names."""
+    return _C_FLOAT_CALL.sub(r"\1(", source)
+
+
 @functools.cache
 def _program(source: str) -> cl.Program:
     ctx, _ = _context()
@@ -66,7 +78,9 @@ class SimtFunction:
     def __init__(self, lowered: LoweredFunc, source: str | None = None) -> None:
         self.lowered = lowered
         self.grid_barriers = GridBarriers(lowered)
-        self.source = _bool_as_bytes(self.grid_barriers.source()) if source is None else source
+        if source is None:
+            source = _opencl_math_names(_bool_as_bytes(self.grid_barriers.source()))
+        self.source = source
         program = _program(self.source)
         self._kernels = {name: cl.Kernel(program, name)
                          for name in self.grid_barriers.kernel_names()}
