@@ -3,14 +3,14 @@ runner. ONNX ``Max``/``Min`` with a constant are imported as stack + a reduction
 stacked axis, which the stitch flow schedules as a two-phase kernel (row partials, grid barrier,
 columns). ``Max(x, 1.5) -> Relu`` on (16, 768) gave intermittent garbage when one module ran
 repeatedly (fuzz seed 3, graph 112; fixed since, kept as a guard); ``Min(x, row) ->
-Transpose`` on (4, 8) still does (fuzz seed 5, graph 163); those tests run one module
-``RUNS`` times. A third kernel does not build on PoCL at all (fuzz seed 5, graph 243).
+Transpose`` on (4, 8) did too (fuzz seed 5, graph 163; fixed since); those tests run one
+module ``RUNS`` times. A third kernel did not build on PoCL at all (fuzz seed 5, graph 243;
+fixed since).
 Owner: schedule/ (grid barrier, persistent kernels) with simt/ (concurrent blocks)."""
 
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from onnx import helper
 from regression_models import model, needs_stitch
 
@@ -35,12 +35,12 @@ def test_repeated_runs_of_a_global_stitched_kernel_agree() -> None:
     assert wrong == 0, f"{wrong} of {RUNS} runs wrong"
 
 
-@pytest.mark.xfail(strict=True, reason="wrong numbers (garbage, up to 1e36) from the two-phase "
-                                       "grid-barrier kernel of Min(x, row) -> Transpose")
 def test_column_phase_feeding_a_transpose_is_right() -> None:
     """Min(x, row) on (4, 8) (stack + min over the stacked axis, a two-phase kernel: row
     partials, grid barrier, columns) feeding a Transpose. Found by scripts/fuzz.py --seed 5
-    (graph 163), shrunk; most runs of one module are wrong."""
+    (graph 163), shrunk; most runs of one module were wrong: the transpose ran in the column
+    phase of the min and read columns that other threads combined there, with no barrier
+    between. It now runs in a column phase of its own, after a grid barrier."""
     nodes = [helper.make_node("Min", ["x", "row"], ["m"]),
              helper.make_node("Transpose", ["m"], ["y"], perm=[1, 0])]
     row = np.linspace(-1.0, 1.0, 8).astype(np.float32)
@@ -52,14 +52,13 @@ def test_column_phase_feeding_a_transpose_is_right() -> None:
     assert wrong == 0, f"{wrong} of {RUNS} runs wrong"
 
 
-@pytest.mark.xfail(strict=True, reason="PoCL cannot build the grid-barrier kernel ('Could not "
-                                       "find a dominating alternative variable') and the "
-                                       "process aborts")
 def test_layer_norm_and_column_sum_build_on_the_simt_runner() -> None:
     """LayerNormalization over the last two axes and ReduceSum over the first of a (2, 2, 8)
-    tensor, stitched into one two-phase kernel: PoCL's work-group compiler fails on it (it
-    dumps broken.dot into the working directory) and aborts. The baseline flow runs it. Found
-    by scripts/fuzz.py --seed 5 (graph 243), shrunk; runs in a worker process."""
+    tensor, stitched into one two-phase kernel: PoCL's work-group compiler failed on its row
+    phase (a loop holding barriers, with guarded code of a partial thread inside it and
+    after it; it dumped broken.dot into the working directory) and aborted. A block barrier
+    after the loop (``persistent._synced_after_loops``) fixed it. Found by scripts/fuzz.py
+    --seed 5 (graph 243), shrunk; runs in a worker process."""
     nodes = [helper.make_node("LayerNormalization", ["x", "scale"], ["ln"], axis=-2),
              helper.make_node("ReduceSum", ["x", "axes"], ["s"], keepdims=0)]
     built = model(nodes, {"x": [2, 2, 8]}, {"ln": [2, 2, 8], "s": [2, 8]},

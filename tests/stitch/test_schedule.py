@@ -1,4 +1,5 @@
-"""Thread mapping choices, the shared-memory budget and its demotions, schedule fallbacks."""
+"""Thread mapping choices, the shared-memory budget and its demotions, schedule fallbacks
+(and the schedule of functions that dlight cannot schedule)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,16 @@ from stitch_helpers import (
     run_simt,
     stitched_functions,
 )
+from tvm.s_tir import dlight as dl
+from tvm.script import tirx as T
 
 import tvm_stitch.schedule.decisions as decide_module
 from tvm_stitch.analysis import analyze
 from tvm_stitch.plan import MappingKind, StorageLevel
 from tvm_stitch.schedule.mapping import DEFAULT_GPU, flat_mapping, row_mapping
+from tvm_stitch.schedule.rule import default_rules, host_code, one_thread_kernels, schedule_func
+from tvm_stitch.simt import SimtFunction
+from tvm_stitch.target import DEFAULT_TARGET, parse_target
 
 
 @pytest.mark.parametrize(("rows", "length", "kind", "rows_per_block", "threads"), [
@@ -134,4 +140,54 @@ def test_reshaped_values_kept_in_registers_are_not_vectorised() -> None:
     assert any(b.level is StorageLevel.REGISTER for b in group.buffers)
     assert analyze(scheduled).traffic_ratio == pytest.approx(1.5)  # x read twice, not staged
     inputs = {"x": np.random.default_rng(0).standard_normal((64, 4096)).astype("float32")}
+    assert_matches(run_simt(model, scheduled, inputs), reference(model, inputs))
+
+
+@T.prim_func(private=True, s_tir=True)
+def _mean_to_scalar(x: T.Buffer((1, 8), "float32"), y: T.Buffer((), "float32")):
+    x_red = T.sblock_alloc_buffer(())
+    for k0, k1 in T.grid(1, 8):
+        with T.sblock("x_red"):
+            v_k0, v_k1 = T.axis.remap("RR", [k0, k1])
+            with T.init():
+                x_red[()] = T.float32(0)
+            x_red[()] = x_red[()] + x[v_k0, v_k1]
+    with T.sblock("y"):
+        y[()] = x_red[()] / T.float32(8)
+
+
+def test_a_rule_that_leaves_host_loops_is_skipped() -> None:
+    """dlight's GeneralReduction binds a reduction to a scalar inside serial loops (a kernel
+    launch per element from the host); such a schedule does not count (fuzz seeds 2, 3, 5)."""
+    target = parse_target(DEFAULT_TARGET)
+    assert "loop" in host_code(dl.gpu.GeneralReduction().apply(_mean_to_scalar, target,
+                                                                False).mod["main"])
+    assert schedule_func(_mean_to_scalar, target, [dl.gpu.GeneralReduction()]) is None
+    assert not host_code(schedule_func(_mean_to_scalar, target, default_rules()))
+
+
+def test_one_thread_kernels_run_any_function() -> None:
+    scheduled = one_thread_kernels(_mean_to_scalar)
+    assert not host_code(scheduled)
+    f = SimtFunction.from_primfunc(scheduled, "mean")
+    x = np.random.default_rng(0).standard_normal((1, 8)).astype(np.float32)
+    y = np.zeros((), np.float32)
+    f(x, y)
+    np.testing.assert_allclose(y, x.mean(), rtol=1e-6)
+
+
+def test_a_fallback_no_rule_schedules_runs_and_the_plan_says_so(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import tvm_stitch.schedule.rule as rule
+
+    monkeypatch.setattr(rule, "default_rules", lambda: [dl.gpu.GeneralReduction()])
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("ReduceMean", ["x", "axes"], ["y"], keepdims=0)], "mean",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])],
+        initializer=[numpy_helper.from_array(np.array([0, 1], np.int64), "axes")]),
+        opset_imports=[helper.make_opsetid("", 18)])
+    scheduled, plan = lower_stitch(model)
+    assert any("one thread per loop nest" in note for note in plan.notes), plan.notes
+    inputs = {"x": np.random.default_rng(0).standard_normal((1, 8)).astype(np.float32)}
     assert_matches(run_simt(model, scheduled, inputs), reference(model, inputs))

@@ -98,12 +98,37 @@ def _thread_extents(stmt: tirx.Stmt) -> dict[str, int]:
     return extents
 
 
+def _block_sync() -> tirx.Stmt:
+    """A barrier of the threads of one block (``__syncthreads()``)."""
+    return tirx.Evaluate(tirx.call_intrin("int32", "tirx.tvm_storage_sync", "shared"))
+
+
+def _synced_after_loops(body: tirx.Stmt) -> tirx.Stmt:
+    """``body`` (of a phase's task) with a block barrier after each of its serial loops that
+    other statements follow: after a row phase's walk over its rows, before the partial sums
+    are written out. Not needed on a GPU (each thread writes out what it accumulated), but
+    PoCL's work-group compiler cannot build a loop that holds barriers when conditional code
+    (a partial thread's guard) follows it both inside and after the loop ("Could not find a
+    dominating alternative variable"); one barrier per task costs a GPU next to nothing."""
+    if not isinstance(body, tirx.SeqStmt):
+        return body
+    stmts: list[tirx.Stmt] = []
+    for i, stmt in enumerate(body.seq):
+        stmts.append(stmt)
+        if isinstance(stmt, tirx.For) and stmt.kind == tirx.ForKind.SERIAL \
+                and i + 1 < len(body.seq):
+            stmts.append(_block_sync())
+    return tirx.SeqStmt(stmts)
+
+
 def persistent(func: tirx.PrimFunc, grid: int, state: tirx.Buffer) -> tirx.PrimFunc:
     """Merge the launch nests under ``func``'s root block into one kernel of ``grid`` blocks
     that loops over each nest's tasks, with a grid barrier on ``state`` between nests.
 
-    Every nest must launch the same threads per block. Raises Unstitchable otherwise, or when
-    something other than a launch nest sits under the root block.
+    Inside each task, a block barrier follows every serial loop that other statements follow
+    (``_synced_after_loops``). Every nest must launch the same threads per block. Raises
+    Unstitchable otherwise, or when something other than a launch nest sits under the root
+    block.
     """
     nests = root_statements(func)
     if not all(_is_block_loop(n) for n in nests):
@@ -121,7 +146,7 @@ def persistent(func: tirx.PrimFunc, grid: int, state: tirx.Buffer) -> tirx.PrimF
         trips = -(-tasks // grid)
         task = tvm.ir.Var(f"task{k}", dtype)
         index = task * tirx.IntImm(dtype, grid) + bx if trips > 1 else bx
-        body = _substitute(nest.body, nest.loop_var,
+        body = _substitute(_synced_after_loops(nest.body), nest.loop_var,
                            index if str(nest.loop_var.ty.dtype) == dtype
                            else tirx.Cast(str(nest.loop_var.ty.dtype), index))
         if trips * grid != tasks:

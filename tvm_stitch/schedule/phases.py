@@ -19,6 +19,13 @@ column phase ``k`` is level ``2k + 1`` (the partials of the column reductions of
 phase at which everything it reads is available: a column result produced at level ``2k+1``
 is available to row phase ``k + 1``. A combine block runs in the column phase after the row
 phase of its partials.
+
+A column phase gives every column to one thread: the flattened spatial iterators of each
+block, row-major, are its columns, and column ``c`` runs on thread ``c % threads`` of task
+``c // threads``. A column-space block may read a column result of the same phase only where
+that thread wrote it (both at the flat index of their own column, as an element-wise op
+does); one that reads other columns (a transpose, a broadcast) runs in the next column
+phase, a grid barrier after the blocks that wrote them.
 """
 
 from __future__ import annotations
@@ -26,8 +33,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from math import prod
 
+import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir.schedule import SBlockRV
+from tvm.sym import Analyzer
 
 from .blocks import child_blocks, name_of
 from .rows import (
@@ -135,7 +144,8 @@ def assign_roles(sch: s_tir.Schedule, rows: int) -> Roles:
     for block in child_blocks(sch):
         name = name_of(sch, block)
         stmt = sch.get(block)
-        produced = [writers[r.source.name] for r in stmt.reads if r.source.name in writers]
+        reads = [(writers[r.source.name], r) for r in stmt.reads if r.source.name in writers]
+        produced = [p for p, _ in reads]
         kind = _kind(sch, block, rows, roles, produced)
         roles.kinds[name] = kind
         if kind == COLUMN:
@@ -145,7 +155,10 @@ def assign_roles(sch: s_tir.Schedule, rows: int) -> Roles:
             roles.widths[name] = prod(i.extent for i in iters_of(sch, block) if i.kind == "S")
         availability = [roles.available(p) for p in produced]
         if kind == COLUMN_SPACE:
-            roles.levels[name] = max(availability)
+            roles.levels[name] = max(
+                roles.available(p) + (0 if _same_thread(sch, writer_block, block, region)
+                                      else 2)
+                for p, region in reads for writer_block in [sch.get_sblock(p)])
         elif kind == COMBINE:
             roles.levels[name] = max((_even_from(a) for a in availability), default=0) + 1
         else:
@@ -175,6 +188,40 @@ def _kind(sch: s_tir.Schedule, block: SBlockRV, rows: int, roles: Roles, produce
             return COLUMN_SPACE
     block_rows(sch, block, rows)  # raises Unstitchable: neither kind
     return ROW
+
+
+def _same_thread(sch: s_tir.Schedule, producer: SBlockRV, consumer: SBlockRV,
+                 region: tvm.ir.TensorRegion) -> bool:
+    """Whether, in one column phase, ``consumer`` reads ``region`` (of a buffer ``producer``
+    writes) only on the thread that wrote it: both access the buffer at the flat index of
+    their own column."""
+    written = [w for w in sch.get(producer).writes if w.source.same_as(region.source)]
+    return bool(written) and _at_own_column(sch, producer, written[0]) \
+        and _at_own_column(sch, consumer, region)
+
+
+def _at_own_column(sch: s_tir.Schedule, block: SBlockRV, region: tvm.ir.TensorRegion) -> bool:
+    """Whether ``block`` accesses one element of ``region``'s buffer, at the flat index
+    (row-major) of its own column, its spatial iterators flattened row-major."""
+    shape = [int(d) if isinstance(d, tirx.IntImm) else None for d in region.source.shape]
+    spatial = [i for i in iters_of(sch, block) if i.kind == "S"]
+    if None in shape or not spatial:
+        return False
+    ana = Analyzer()
+    for it in iters_of(sch, block):
+        ana.bind(it.var, tvm.ir.Range(tirx.IntImm(it.var.ty.dtype, 0),
+                                      tirx.IntImm(it.var.ty.dtype, it.extent)))
+    if not all(ana.can_prove_equal(r.extent, 1) for r in region.region):
+        return False
+    dims = [r.min for r in region.region]
+    dtype = str(spatial[0].var.ty.dtype)
+    index = tirx.IntImm(dtype, 0)
+    for d, n in zip(dims, shape, strict=True):
+        index = index * tirx.IntImm(dtype, n) + tirx.Cast(dtype, d)
+    column = tirx.IntImm(dtype, 0)
+    for it in spatial:
+        column = column * tirx.IntImm(dtype, it.extent) + it.var
+    return ana.can_prove_equal(index, column)
 
 
 def _check_column_reads(sch: s_tir.Schedule, block: SBlockRV, rows: int) -> None:

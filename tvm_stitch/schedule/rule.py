@@ -5,21 +5,28 @@ plan says (``emit.kernel``); a persistent kernel's Relax calls then get its barr
 and workspaces (``transform.kernel_state``). It runs dlight's default GPU rules (Matmul,
 GEMV, Reduction, GeneralReduction, Fallback) on the other PrimFuncs, trying the next rule
 when one raises: a crash inside a dlight rule (TVM 0.27's GEMV rule asserts on some
-broadcast-multiply + sum functions) then costs a slower schedule, never the compile.
+broadcast-multiply + sum functions) then costs a slower schedule, never the compile. A rule's
+schedule counts only when all of the function runs in kernels (``host_code``): TVM 0.27's
+GeneralReduction binds a reduction to a scalar inside its own serial loops, one kernel
+launch per element from a host loop. When no rule schedules a function, each of its loop
+nests runs as a kernel of one thread (``one_thread_kernels``), slow but right, and the plan
+says so; a function that cannot even be scheduled so raises ``NoSchedule``.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import tvm
-from tvm import tirx
+from tvm import s_tir, tirx
 from tvm.ir import IRModule
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
 from ..plan import GROUP_ATTR, Group, StitchPlan
 from ..transform.kernel_state import extend_calls
+from .blocks import child_blocks
 from .emit import Kernel, kernel
 
 logger = logging.getLogger(__name__)
@@ -33,9 +40,14 @@ def default_rules() -> list[dl.ScheduleRule]:
             dl.gpu.Fallback()]
 
 
+class NoSchedule(RuntimeError):
+    """A PrimFunc that neither dlight's rules nor the one-thread default can schedule."""
+
+
 def schedule_func(func: tirx.PrimFunc, target: Target, rules: list[dl.ScheduleRule]
                   ) -> tirx.PrimFunc | None:
-    """``func`` scheduled by the first rule that applies without raising, or None."""
+    """``func`` scheduled by the first rule that applies without raising and leaves no host
+    code (``host_code``), or None."""
     for rule in rules:
         try:
             sch = rule.apply(func, target, False)
@@ -47,8 +59,53 @@ def schedule_func(func: tirx.PrimFunc, target: Target, rules: list[dl.ScheduleRu
             continue
         if isinstance(sch, list):
             sch = sch[0]
-        return sch.mod["main"].with_attr(SCHEDULED_ATTR, True)
+        scheduled = sch.mod["main"]
+        outside = host_code(scheduled)
+        if outside:
+            logger.warning("schedule rule %s left %s outside its kernels", type(rule).__name__,
+                           outside)
+            continue
+        return scheduled.with_attr(SCHEDULED_ATTR, True)
     return None
+
+
+def host_code(func: tirx.PrimFunc) -> str:
+    """The first statement of ``func`` outside every thread-bound loop, that is, code the
+    host would run (a loop of kernel launches, a block on the CPU), described; empty when
+    all of it runs in kernels."""
+    root = func.body
+
+    def visit(stmt: tirx.Stmt) -> str:
+        if isinstance(stmt, tirx.For):
+            return "" if stmt.kind == tirx.ForKind.THREAD_BINDING \
+                else f"the loop over {stmt.loop_var.name}"
+        if isinstance(stmt, s_tir.stmt.SBlockRealize):
+            return visit(stmt.block.body) if stmt.same_as(root) \
+                else f"block {stmt.block.name_hint}"
+        if isinstance(stmt, tirx.SeqStmt):
+            return next((found for found in map(visit, stmt.seq) if found), "")
+        if hasattr(stmt, "body"):
+            return visit(stmt.body)
+        return f"a {type(stmt).__name__}"
+
+    return visit(root)
+
+
+def one_thread_kernels(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` with every loop nest under its root block run as a kernel of one block of
+    one thread: right for any nest, and slow; the schedule of last resort."""
+    sch = s_tir.Schedule(func)
+    nests: list = []
+    for block in child_blocks(sch):
+        loops = sch.get_loops(block)
+        outer = loops[0] if loops else block
+        if not any(sch.get(outer).same_as(sch.get(n)) for n in nests):
+            nests.append(outer)
+    for outer in nests:
+        thread = sch.add_unit_loop(outer)
+        sch.bind(thread, "threadIdx.x")
+        sch.bind(sch.add_unit_loop(thread), "blockIdx.x")
+    return sch.mod["main"].with_attr(SCHEDULED_ATTR, True)
 
 
 @tvm.transform.module_pass(opt_level=0, name="StitchSchedule")
@@ -60,10 +117,12 @@ class StitchSchedule:
 
     def transform_module(self, mod: IRModule, _ctx: tvm.transform.PassContext) -> IRModule:
         """Schedule every unscheduled PrimFunc of ``mod``."""
-        plan = StitchPlan.of_module(mod) or StitchPlan()
+        attached = StitchPlan.of_module(mod)
+        plan = attached or StitchPlan()
         defaults = default_rules()
         updates: dict[tvm.ir.GlobalVar, tirx.PrimFunc] = {}
         kernels: dict[str, Kernel] = {}
+        notes: list[str] = []
         for gv, func in mod.functions_items():
             if not isinstance(func, tirx.PrimFunc) or _is_scheduled(func):
                 continue
@@ -74,13 +133,31 @@ class StitchSchedule:
                 kernels[gv.name_hint] = stitched
                 continue
             new = schedule_func(func, self.target or _target_of(func), defaults)
-            if new is not None:
-                updates[gv] = new
+            if new is None:
+                new = _last_resort(gv.name_hint, func)
+                notes.append(f"{gv.name_hint}: no dlight rule gave a schedule that runs in "
+                             "kernels only; one thread per loop nest")
+            updates[gv] = new
         for gv, func in updates.items():
             mod[gv] = func
         for name, stitched in kernels.items():
             mod = extend_calls(mod, name, stitched.state, stitched.workspaces)
+        if attached is not None and notes:
+            mod = replace(attached, notes=attached.notes + tuple(notes)).attach(mod)
         return mod
+
+
+def _last_resort(name: str, func: tirx.PrimFunc) -> tirx.PrimFunc:
+    try:
+        scheduled = one_thread_kernels(func)
+    except Exception as err:  # noqa: BLE001 - reported with the function's name
+        raise NoSchedule(f"{name}: no dlight rule schedules it, nor one thread per loop "
+                         f"nest: {err}") from err
+    outside = host_code(scheduled)
+    if outside:
+        raise NoSchedule(f"{name}: no dlight rule schedules it, and one thread per loop nest "
+                         f"leaves {outside} outside its kernels")
+    return scheduled
 
 
 def _group_of(func: tirx.PrimFunc, plan: StitchPlan) -> Group | None:
