@@ -255,6 +255,21 @@ def rotary_grouped_heads(s: int = 16, hq: int = 4, hk: int = 2, d: int = 16):
     return model, {"q": _f32(s, hq, d), "k": _f32(s, hk, d)}
 
 
+def qkv_split(s: int = 16, h: int = 2, d: int = 16):
+    """A fused QKV projection's result split into queries, keys and values (GPT-2), each made
+    head-major: a split whose parts are read by transposes."""
+    heads = _const("heads", np.array([s, h, d], "int64"))
+    nodes = [
+        helper.make_node("Split", ["qkv"], ["q", "k", "v"], axis=-1, num_outputs=3),
+        *(node for x in "qkv" for node in (
+            helper.make_node("Reshape", [x, "heads"], [f"{x}h"]),
+            helper.make_node("Transpose", [f"{x}h"], [f"{x}t"], perm=[1, 0, 2]))),
+    ]
+    model = _model(nodes, [_vi("qkv", (s, 3 * h * d))],
+                   [_vi(f"{x}t", (h, s, d)) for x in "qkv"], [heads])
+    return model, {"qkv": _f32(s, 3 * h * d)}
+
+
 def packed_short_rows(n: int = 512, d: int = 32):
     """Many short rows: warp-per-row with several rows packed per block."""
     return ln_softmax_add(n, d)
@@ -276,6 +291,7 @@ PATTERNS = {
     "middle_axis_sum": middle_axis_sum,
     "adam_update": adam_update,
     "rotary_grouped_heads": rotary_grouped_heads,
+    "qkv_split": qkv_split,
 }
 
 

@@ -32,6 +32,7 @@ CASES = {
     "column_mean_center": (16, 64),
     "adam_update": (16, 64),
     "rotary_grouped_heads": (8, 4, 2, 16),
+    "qkv_split": (16, 2, 16),
 }
 
 

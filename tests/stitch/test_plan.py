@@ -91,6 +91,18 @@ def test_merge_refused_for_a_path_through_a_third_cluster_is_retried() -> None:
     assert not plan.fallbacks and not plan.refusals
 
 
+def test_split_parts_are_slices_stitched_with_their_readers() -> None:
+    # SplitToSlices: no split kernel of its own writing every part to DRAM
+    plan = _plan("qkv_split", 16, 2, 16)
+    (group,) = plan.groups
+    assert group.ops == (
+        "lv1:strided_slice", "lv2:strided_slice1", "lv3:strided_slice2", "lv4:reshape",
+        "lv5:reshape", "lv6:reshape", "lv7:transpose", "lv8:transpose", "lv9:transpose")
+    assert group.inputs == ("qkv",)
+    assert group.outputs == ("lv7:transpose", "lv8:transpose", "lv9:transpose")
+    assert not plan.fallbacks and not plan.refusals
+
+
 def test_unsupported_pattern_falls_back_with_its_reason() -> None:
     plan = _plan("middle_axis_sum", 4, 8, 16)
     assert not plan.groups
