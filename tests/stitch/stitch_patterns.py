@@ -212,6 +212,64 @@ def adam_update(n: int = 16, d: int = 64):
     return model, inputs
 
 
+def _rotate_half(x: str, tag: str) -> list:
+    """Nodes of x * cos + rotate_half(x) * sin over the last axis (rotary embedding) of
+    ``x``, with the halves sliced at ``half`` (constants ``zero``, ``half``, ``end``, ``last``);
+    the result is ``{tag}_rot``."""
+    return [
+        helper.make_node("Slice", [x, "zero", "half", "last"], [f"{tag}1"]),
+        helper.make_node("Slice", [x, "half", "end", "last"], [f"{tag}2"]),
+        helper.make_node("Neg", [f"{tag}2"], [f"{tag}n"]),
+        helper.make_node("Concat", [f"{tag}n", f"{tag}1"], [f"{tag}h"], axis=-1),
+        helper.make_node("Mul", [x, "cos"], [f"{tag}c"]),
+        helper.make_node("Mul", [f"{tag}h", "sin"], [f"{tag}s"]),
+        helper.make_node("Add", [f"{tag}c", f"{tag}s"], [f"{tag}_rot"]),
+    ]
+
+
+def rotary_grouped_heads(s: int = 16, hq: int = 4, hk: int = 2, d: int = 16):
+    """Rotary embedding of queries (``hq`` heads) and keys (``hk`` heads, repeated to ``hq``
+    as in grouped-query attention), each head-major after a transpose: element-wise and
+    injective only, one kernel once every part has found the ops that read what it passes on."""
+    angles = np.outer(np.arange(s), 1.0 / 10000 ** (np.arange(d // 2) / (d // 2)))
+    angles = np.concatenate([angles, angles], axis=-1)
+    cos = _const("cos", np.cos(angles).astype("float32"))
+    sin = _const("sin", np.sin(angles).astype("float32"))
+    shape = _const("shape", np.array([hk, hq // hk, s, d], "int64"))
+    heads = _const("heads", np.array([hq, s, d], "int64"))
+    axes = _const("axes", np.array([1], "int64"))
+    slices = [_const(k, np.array([v], "int64"))
+              for k, v in {"zero": 0, "half": d // 2, "end": d, "last": -1}.items()]
+    nodes = [
+        helper.make_node("Transpose", ["q"], ["qt"], perm=[1, 0, 2]),
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[1, 0, 2]),
+        *_rotate_half("qt", "q"),
+        *_rotate_half("kt", "k"),
+        helper.make_node("Unsqueeze", ["k_rot", "axes"], ["ku"]),
+        helper.make_node("Expand", ["ku", "shape"], ["ke"]),
+        helper.make_node("Reshape", ["ke", "heads"], ["k_out"]),
+    ]
+    model = _model(nodes, [_vi("q", (s, hq, d)), _vi("k", (s, hk, d))],
+                   [_vi("q_rot", (hq, s, d)), _vi("k_out", (hq, s, d))],
+                   [cos, sin, shape, heads, axes, *slices])
+    return model, {"q": _f32(s, hq, d), "k": _f32(s, hk, d)}
+
+
+def qkv_split(s: int = 16, h: int = 2, d: int = 16):
+    """A fused QKV projection's result split into queries, keys and values (GPT-2), each made
+    head-major: a split whose parts are read by transposes."""
+    heads = _const("heads", np.array([s, h, d], "int64"))
+    nodes = [
+        helper.make_node("Split", ["qkv"], ["q", "k", "v"], axis=-1, num_outputs=3),
+        *(node for x in "qkv" for node in (
+            helper.make_node("Reshape", [x, "heads"], [f"{x}h"]),
+            helper.make_node("Transpose", [f"{x}h"], [f"{x}t"], perm=[1, 0, 2]))),
+    ]
+    model = _model(nodes, [_vi("qkv", (s, 3 * h * d))],
+                   [_vi(f"{x}t", (h, s, d)) for x in "qkv"], [heads])
+    return model, {"qkv": _f32(s, 3 * h * d)}
+
+
 def packed_short_rows(n: int = 512, d: int = 32):
     """Many short rows: warp-per-row with several rows packed per block."""
     return ln_softmax_add(n, d)
@@ -232,6 +290,8 @@ PATTERNS = {
     "column_mean_center": column_mean_center,
     "middle_axis_sum": middle_axis_sum,
     "adam_update": adam_update,
+    "rotary_grouped_heads": rotary_grouped_heads,
+    "qkv_split": qkv_split,
 }
 
 

@@ -31,6 +31,8 @@ CASES = {
     "two_layer_norms": (16, 64),
     "column_mean_center": (16, 64),
     "adam_update": (16, 64),
+    "rotary_grouped_heads": (8, 4, 2, 16),
+    "qkv_split": (16, 2, 16),
 }
 
 

@@ -76,6 +76,33 @@ def test_unconnected_groups_of_one_row_space_are_stitched_remotely() -> None:
     assert group.edges == (Edge("lv:layer_norm", "lv1:layer_norm", Scheme.INDEPENDENT),)
 
 
+def test_merge_refused_for_a_path_through_a_third_cluster_is_retried() -> None:
+    # keys * cos is refused to join the add of its rotary half while the slices lie between
+    # them in other clusters; once the slices have joined the add, the merge is legal.
+    plan = _plan("rotary_grouped_heads", 8, 4, 2, 16)
+    (group,) = plan.groups
+    assert group.ops == (
+        "lv:transpose", "lv1:strided_slice", "lv2:tir_negative", "lv3:strided_slice1",
+        "lv4:concatenate", "lv5:multiply", "lv6:multiply", "lv7:transpose1",
+        "lv8:strided_slice2", "lv9:tir_negative1", "lv10:strided_slice3", "lv11:concatenate1",
+        "lv12:multiply1", "lv13:multiply1", "lv14:add", "lv15:expand_dims", "lv16:broadcast_to",
+        "lv17:add1", "lv18:reshape")
+    assert set(group.outputs) == {"lv17:add1", "lv18:reshape"}
+    assert not plan.fallbacks and not plan.refusals
+
+
+def test_split_parts_are_slices_stitched_with_their_readers() -> None:
+    # SplitToSlices: no split kernel of its own writing every part to DRAM
+    plan = _plan("qkv_split", 16, 2, 16)
+    (group,) = plan.groups
+    assert group.ops == (
+        "lv1:strided_slice", "lv2:strided_slice1", "lv3:strided_slice2", "lv4:reshape",
+        "lv5:reshape", "lv6:reshape", "lv7:transpose", "lv8:transpose", "lv9:transpose")
+    assert group.inputs == ("qkv",)
+    assert group.outputs == ("lv7:transpose", "lv8:transpose", "lv9:transpose")
+    assert not plan.fallbacks and not plan.refusals
+
+
 def test_unsupported_pattern_falls_back_with_its_reason() -> None:
     plan = _plan("middle_axis_sum", 4, 8, 16)
     assert not plan.groups

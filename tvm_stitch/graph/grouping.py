@@ -7,7 +7,9 @@
    cluster stays convex (no path leaves it and comes back: that would be a cycle between
    kernels) and keeps one row space (the kernel maps threads to rows of one size). A column
    reduction belongs to the row space of the rows it reduces; it and the ops that only combine
-   its results live in column space (one value per column) and fit any row space.
+   its results live in column space (one value per column) and fit any row space. The edges
+   are visited again until nothing merges: a merge refused for a path through a third cluster
+   is legal once that cluster has joined one of the two.
 3. Unconnected clusters with the same row space merge when no cycle forms (remote stitching).
 
 Ops that are memory-intensive but cannot be stitched (a window reduction, a symbolic shape,
@@ -170,25 +172,8 @@ def group_ops(graph: DataflowGraph, excluded: dict[str, str] | None = None,
     columns = column_space(graph, candidates)
     clusters = {i: _singleton(graph.nodes[i], i in columns) for i in sorted(candidates)}
     quotient = _Quotient(graph)
-    for node in graph.nodes:
-        if node.index not in candidates:
-            continue
-        for p in node.producers:
-            if p not in candidates:
-                continue
-            a, b = quotient.find(p), quotient.find(node.index)
-            if a == b:
-                continue
-            merged, why = _merge(quotient, clusters[a], clusters[b], a, b)
-            if merged is None:
-                if why.startswith("cycle"):
-                    result.refusals.append(Refusal(_describe(graph, clusters[a]),
-                                                   _describe(graph, clusters[b]), why))
-                continue
-            quotient.union(a, b)
-            clusters[a] = merged
-            del clusters[b]
-    _merge_remote(graph, quotient, clusters, result)
+    result.refusals.extend(_merge_along_edges(graph, quotient, clusters))
+    result.refusals.extend(_merge_remote(graph, quotient, clusters))
     for key in sorted(clusters, key=lambda k: clusters[k].first):
         c = clusters[key]
         members = tuple(i for i in range(len(graph.nodes)) if c.members >> i & 1)
@@ -282,31 +267,58 @@ def _emittable(c: _Cluster) -> bool:
     return c.members & (c.members - 1) != 0
 
 
-def _merge_remote(graph: DataflowGraph, quotient: _Quotient, clusters: dict[int, _Cluster],
-                  result: Grouping) -> None:
-    """Remote stitching: merge unconnected clusters of one row space when no cycle forms."""
+def _try_merge(quotient: _Quotient, clusters: dict[int, _Cluster], a: int, b: int) -> str:
+    """Merge unit ``b`` into unit ``a`` when legal; empty string if merged, else why not."""
+    merged, why = _merge(quotient, clusters[a], clusters[b], a, b)
+    if merged is None:
+        return why
+    quotient.union(a, b)
+    clusters[a] = merged
+    del clusters[b]
+    return ""
+
+
+def _merge_along_edges(graph: DataflowGraph, quotient: _Quotient,
+                       clusters: dict[int, _Cluster]) -> list[Refusal]:
+    """Merge clusters along the dataflow edges between their members, until nothing changes:
+    a merge refused because a path ran through a third cluster may become legal once that
+    cluster has joined one of the two. Returns the merges still refused for a cycle."""
+    while True:
+        refusals: list[Refusal] = []
+        changed = False
+        for node in graph.nodes:
+            for p in node.producers:
+                a, b = quotient.find(p), quotient.find(node.index)
+                if a == b or a not in clusters or b not in clusters:
+                    continue
+                why = _try_merge(quotient, clusters, a, b)
+                if not why:
+                    changed = True
+                elif why.startswith("cycle"):
+                    refusals.append(_refusal(graph, clusters[a], clusters[b], why))
+        if not changed:
+            return refusals
+
+
+def _merge_remote(graph: DataflowGraph, quotient: _Quotient, clusters: dict[int, _Cluster]
+                  ) -> list[Refusal]:
+    """Remote stitching: merge unconnected clusters of one row space when no cycle forms.
+    Returns the merges refused for a cycle, one per cluster."""
     keys = sorted((k for k in clusters if _emittable(clusters[k])),
                   key=lambda k: clusters[k].first)
-    refused: set[int] = set()
+    refusals: dict[int, Refusal] = {}
     for i, a in enumerate(keys):
-        if a not in clusters:
-            continue
         for b in keys[i + 1:]:
-            if b not in clusters:
+            if a not in clusters or b not in clusters or clusters[a].rows != clusters[b].rows:
                 continue
-            ca, cb = clusters[a], clusters[b]
-            if ca.rows != cb.rows:
-                continue
-            merged, why = _merge(quotient, ca, cb, a, b)
-            if merged is None:
-                if why.startswith("cycle") and b not in refused:
-                    refused.add(b)
-                    result.refusals.append(Refusal(_describe(graph, ca), _describe(graph, cb),
-                                                   why))
-                continue
-            quotient.union(a, b)
-            clusters[a] = merged
-            del clusters[b]
+            why = _try_merge(quotient, clusters, a, b)
+            if why.startswith("cycle") and b not in refusals:
+                refusals[b] = _refusal(graph, clusters[a], clusters[b], why)
+    return list(refusals.values())
+
+
+def _refusal(graph: DataflowGraph, a: _Cluster, b: _Cluster, why: str) -> Refusal:
+    return Refusal(_describe(graph, a), _describe(graph, b), why)
 
 
 def _describe(graph: DataflowGraph, c: _Cluster) -> str:

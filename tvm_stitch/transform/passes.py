@@ -1,7 +1,8 @@
 """The fusion and scheduling passes of the "stitch" flow.
 
-The same passes as TVM's default CUDA legalization (LegalizeOps, AnnotateTIROpPattern,
-FoldConstant), then StitchFuse in place of FuseOps + FuseTIR, then StitchSchedule in place of
+SplitToSlices (each part of a split is a slice, which stitches with its readers), the same
+passes as TVM's default CUDA legalization (LegalizeOps, AnnotateTIROpPattern, FoldConstant),
+then StitchFuse in place of FuseOps + FuseTIR, then StitchSchedule in place of
 dlight's ApplyDefaultSchedule.
 """
 
@@ -12,12 +13,14 @@ from tvm import relax
 from tvm.target import Target
 
 from ..schedule.rule import StitchSchedule
+from .split_slices import SplitToSlices
 from .stitch_fuse import StitchFuse
 
 
 def fusion_passes(target: Target) -> list[tvm.transform.Pass]:
-    """Legalization, stitch fusion and scheduling for ``target``."""
+    """Split rewriting, legalization, stitch fusion and scheduling for ``target``."""
     return [
+        SplitToSlices(),
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
