@@ -46,7 +46,7 @@ REFUSED = {
     "unknown op": (_unknown_op, "mystery"),
     "custom domain": (_custom_domain, "vendor_relu"),
     "bfloat16": (lambda: _neg(TensorProto.BFLOAT16), "'x'"),
-    "int8": (lambda: _neg(TensorProto.INT8), "'x'"),
+    "float8": (lambda: _neg(TensorProto.FLOAT8E4M3FN), "'x'"),
     "string": (lambda: _neg(TensorProto.STRING), "'x'"),
     "dangling input": (_dangling_input, "ghost"),
 }
