@@ -61,7 +61,9 @@ class ThreadMapping:
     groups of rows in sequence (vertical packing). Element-wise blocks access ``vector``
     consecutive elements at once (vectorised loads and stores). For a FLAT mapping a row is
     one element and ``rows_per_block`` threads run on threadIdx.x, each on ``vector``
-    elements.
+    elements. ``rows_expr`` is set when the row (element) count is symbolic: the expression
+    the kernel computes its grid from at run time; ``rows`` is then its stand-in
+    (``tvm_stitch.symbolic``), and ``blocks`` means nothing.
     """
 
     kind: MappingKind
@@ -71,6 +73,7 @@ class ThreadMapping:
     threads_per_row: int
     row_steps: int = 1
     vector: int = 1
+    rows_expr: str = ""
 
     @property
     def threads_per_block(self) -> int:
@@ -80,20 +83,28 @@ class ThreadMapping:
         return self.rows_per_block * self.threads_per_row
 
     @property
+    def rows_per_grid_block(self) -> int:
+        """Rows (elements, for a FLAT mapping) one thread block handles in all."""
+        per_thread = self.vector if self.kind is MappingKind.FLAT else 1
+        return self.rows_per_block * self.row_steps * per_thread
+
+    @property
     def blocks(self) -> int:
         """Thread blocks in the grid."""
-        per_thread = self.vector if self.kind is MappingKind.FLAT else 1
-        return -(-self.rows // (self.rows_per_block * self.row_steps * per_thread))
+        return -(-self.rows // self.rows_per_grid_block)
 
     def __str__(self) -> str:
+        rows = f"{self.rows_expr} (symbolic)" if self.rows_expr else str(self.rows)
+        blocks = (f"ceil({self.rows_expr} / {self.rows_per_grid_block}) blocks at run time"
+                  if self.rows_expr else f"{self.blocks} blocks")
         if self.kind is MappingKind.FLAT:
             vector = f", {self.vector} elements per access" if self.vector > 1 else ""
-            return (f"flat: {self.rows} elements, {self.rows_per_block} threads per block"
-                    f"{vector}, {self.blocks} blocks")
+            return (f"flat: {rows} elements, {self.rows_per_block} threads per block"
+                    f"{vector}, {blocks}")
         steps = f", {self.row_steps} rows in sequence" if self.row_steps > 1 else ""
-        return (f"{self.kind.value}: {self.rows} rows x {self.row_length}, "
+        return (f"{self.kind.value}: {rows} rows x {self.row_length}, "
                 f"{self.rows_per_block} row(s) x {self.threads_per_row} threads per block"
-                f"{steps}, {self.blocks} blocks")
+                f"{steps}, {blocks}")
 
 
 @dataclass(frozen=True)
@@ -144,7 +155,7 @@ class Launch:
     ``blocks_per_sm`` blocks of ``threads`` threads with ``shared_bytes`` of shared memory
     are resident per SM when no thread uses more than ``max_registers`` registers, which the
     kernel's ``__launch_bounds__(threads, blocks_per_sm)`` makes ptxas keep to. ``grid`` is
-    the blocks launched.
+    the blocks launched, 0 when the grid is computed at run time (a symbolic row count).
     """
 
     gpu: str
@@ -166,9 +177,11 @@ class Launch:
         return self.grid / self.wave
 
     def __str__(self) -> str:
-        return (f"{self.grid} blocks x {self.threads} threads on {self.gpu}: "
-                f"{self.blocks_per_sm} block(s) per SM ({self.wave} per wave, "
-                f"{self.waves:.2f} waves), at most {self.max_registers} registers per thread, "
+        grid = (f"{self.grid} blocks" if self.grid else "a grid computed at run time") + \
+            f" x {self.threads} threads on {self.gpu}"
+        waves = f", {self.waves:.2f} waves" if self.grid else ""
+        return (f"{grid}: {self.blocks_per_sm} block(s) per SM ({self.wave} per wave{waves}), "
+                f"at most {self.max_registers} registers per thread, "
                 f"{self.shared_bytes} B of shared memory per block")
 
 

@@ -2,7 +2,9 @@
 onnxruntime and report kernels and traffic.
 
 ``python -m tvm_stitch.verify MODEL.onnx --pipeline baseline|stitch [--target cuda:sm_90]``
-prints one JSON object and exits 1 when the outputs do not match.
+prints one JSON object and exits 1 when the outputs do not match. A model with symbolic
+input dimensions (ONNX dim_params) is compiled once as it is and run, measured and checked
+at the sizes ``--dim NAME=SIZE`` gives them.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from .frontend.onnx import ModelError, graph_inputs, import_model, load
 from .plan import StitchPlan
 from .target import DEFAULT_TARGET
 from .workloads import inputs as make_inputs
+from .workloads.inputs import input_signature
 
 RTOL = {"float32": 1e-4, "float64": 1e-4, "float16": 1e-2}
 ATOL = {"float32": 1e-4, "float64": 1e-4, "float16": 1e-2}
@@ -72,25 +75,30 @@ def compare(outputs: list[np.ndarray], expected: list[np.ndarray]) -> Check:
     return Check(worst, ok)
 
 
-def run_simt(scheduled: IRModule, model: onnx.ModelProto, seed: int = 0) -> Check:
-    """Run ``scheduled`` on the SIMT runner with seeded inputs and compare with onnxruntime."""
+def run_simt(scheduled: IRModule, model: onnx.ModelProto, seed: int = 0,
+             dims: dict[str, int] | None = None) -> Check:
+    """Run ``scheduled`` on the SIMT runner with seeded inputs (symbolic dimensions at the
+    sizes ``dims`` gives) and compare with onnxruntime."""
     from .simt import SimtModule
 
-    feeds = make_inputs(model, seed)
+    feeds = make_inputs(with_dims(model, dims or {}), seed)
     outputs = SimtModule(scheduled)(*feeds.values())
     return compare(outputs, reference_outputs(model, feeds))
 
 
 def verify(model: onnx.ModelProto, flow: str = "baseline", target: str = DEFAULT_TARGET,
-           seed: int = 0) -> dict:
+           seed: int = 0, dims: dict[str, int] | None = None) -> dict:
     """Compile, run on the SIMT runner and measure: the JSON-ready summary ``verify`` prints."""
-    return summarize(compile_model(model, flow, target), model, seed)
+    return summarize(compile_model(model, flow, target), model, seed, dims)
 
 
-def summarize(scheduled: IRModule, model: onnx.ModelProto, seed: int = 0) -> dict:
-    """Kernels, traffic and the onnxruntime comparison of an already compiled model."""
-    report = analysis.analyze(scheduled).to_dict()
-    check = run_simt(scheduled, model, seed)
+def summarize(scheduled: IRModule, model: onnx.ModelProto, seed: int = 0,
+              dims: dict[str, int] | None = None) -> dict:
+    """Kernels, traffic and the onnxruntime comparison of an already compiled model, its
+    symbolic dimensions at the sizes ``dims`` gives."""
+    shapes = [shape for shape, _ in input_signature(with_dims(model, dims or {})).values()]
+    report = analysis.analyze(scheduled, shapes).to_dict()
+    check = run_simt(scheduled, model, seed, dims)
     return {
         "kernels": report["kernels"],
         "global_bytes": report["global_bytes"],
@@ -101,14 +109,36 @@ def summarize(scheduled: IRModule, model: onnx.ModelProto, seed: int = 0) -> dic
     }
 
 
-def _require_static_inputs(model: onnx.ModelProto) -> None:
-    """verify feeds random inputs, so every input dimension must be a number."""
+def with_dims(model: onnx.ModelProto, dims: dict[str, int]) -> onnx.ModelProto:
+    """``model`` with every input dimension named in ``dims`` (a dim_param) set to its size;
+    ``model`` itself when there are none."""
+    if not dims:
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for value in out.graph.input:
+        for d in value.type.tensor_type.shape.dim:
+            if d.dim_param in dims:
+                d.dim_value = dims[d.dim_param]
+    return out
+
+
+def _require_sized_inputs(model: onnx.ModelProto, dims: dict[str, int]) -> None:
+    """verify feeds random inputs, so every input dimension must be a number or a symbolic
+    dimension that ``dims`` sizes."""
     for value in graph_inputs(model):
-        dims = value.type.tensor_type.shape.dim
-        if any(not d.HasField("dim_value") for d in dims):
+        shape = value.type.tensor_type.shape.dim
+        if any(not d.HasField("dim_value") and d.dim_param not in dims for d in shape):
             raise ModelError(f"input {value.name!r} has a symbolic shape "
-                             f"{[d.dim_param or d.dim_value for d in dims]}: verify needs "
-                             "static input shapes")
+                             f"{[d.dim_param or d.dim_value for d in shape]}: give each "
+                             "symbolic dimension a size with --dim NAME=SIZE")
+
+
+def _dim(text: str) -> tuple[str, int]:
+    name, sep, size = text.partition("=")
+    if not sep or not name or not size.isdigit() or int(size) < 1:
+        raise argparse.ArgumentTypeError(f"expected NAME=SIZE with SIZE >= 1, got {text!r}")
+    return name, int(size)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -120,6 +150,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     parser.add_argument("--plan", action="store_true",
                         help="also print the stitch plan (groups, schemes, fallbacks) to stderr")
+    parser.add_argument("--dim", type=_dim, action="append", default=[], metavar="NAME=SIZE",
+                        help="size of a symbolic input dimension (an ONNX dim_param) to run "
+                             "and measure the model at; the model is compiled symbolic")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -128,9 +161,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"pipeline {args.pipeline!r} is not available yet "
               f"(available: {', '.join(pipeline.available_flows())})", file=sys.stderr)
         return 2
+    dims = dict(args.dim)
     try:
         model = load(args.model)
-        _require_static_inputs(model)
+        _require_sized_inputs(model, dims)
         scheduled = compile_model(model, args.pipeline, args.target)
     except ModelError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -138,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plan:
         print(StitchPlan.of_module(scheduled) or "no stitch plan: the baseline flow",
               file=sys.stderr)
-    result = summarize(scheduled, model, args.seed)
+    result = summarize(scheduled, model, args.seed, dims)
     print(json.dumps(result))
     return 0 if result["ok"] else 1
 

@@ -242,6 +242,10 @@ class _Lowered:
                 raise AnalysisError(f"{err}; {_SYMBOLIC_HINT}") from None
             kernel = self.func.kernel(launch.kernel)
             ana = Analyzer()
+            for var, _ in self.func.binds:  # host values a kernel may name (a CSE'd shape)
+                value = host.simplify(var)
+                if isinstance(value, tirx.IntImm):
+                    ana.bind(var, value)
             for param, arg in zip(kernel.params, launch.args, strict=True):
                 if not isinstance(arg, BufferArg | WorkspaceArg):
                     value = _integer(host, arg, f"{what} argument {param.name}")

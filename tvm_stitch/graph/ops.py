@@ -18,6 +18,8 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
+from ..symbolic import dim_value, is_symbolic, shape_values
+
 # TVM's OpPatternKind values, as AnnotateTIROpPattern writes them into "op_pattern".
 ELEMWISE, BROADCAST, INJECTIVE, COMM_REDUCE, OUT_EWISE_FUSABLE, TUPLE, OPAQUE = 0, 1, 2, 3, 4, 7, 8
 
@@ -104,10 +106,11 @@ def classify(func: tirx.PrimFunc, num_outputs: int = 1) -> OpInfo:
     if len(params) != len(func.params):
         return OpInfo(OpKind.OPAQUE, pattern, (), detail="scalar parameters",
                       unsupported="takes scalar parameters")
-    out_shape = _static_shape(params[-1]) if params else None  # outputs share one shape
+    out_shape = shape_values(params[-1].shape) if params else None  # outputs share one shape
     if out_shape is None:
         return OpInfo(OpKind.OPAQUE, pattern, (), detail="symbolic shape",
-                      unsupported="symbolic output shape")
+                      unsupported="output shape with a dimension that is not a product of "
+                                  "shape variables")
     blocks = _blocks(func)
     gather = pattern == OPAQUE and _is_gather(blocks)
     if gather:
@@ -124,12 +127,13 @@ def classify(func: tirx.PrimFunc, num_outputs: int = 1) -> OpInfo:
     base = {"pattern": pattern, "out_shape": out_shape, "expensive": expensive,
             "input_reads": reads, "input_aligned": aligned,
             "detail": "gather (opaque to TVM)" if gather else ""}
-    if len({_static_shape(p) for p in params[len(inputs):]}) != 1:
+    if len({shape_values(p.shape) for p in params[len(inputs):]}) != 1:
         return OpInfo(OpKind.OPAQUE, **{**base, "detail": "outputs of several shapes"},
                       unsupported="has outputs of different shapes")
-    if any(_static_shape(p) is None for p in params):
+    if any(shape_values(p.shape) is None for p in params):
         return OpInfo(OpKind.OPAQUE, **{**base, "detail": "symbolic shape"},
-                      unsupported="symbolic input shape")
+                      unsupported="input shape with a dimension that is not a product of "
+                                  "shape variables")
     reductions = [b for b in blocks if b.reduce]
     if not reductions:
         if pattern in (ELEMWISE, BROADCAST, INJECTIVE):
@@ -141,14 +145,19 @@ def classify(func: tirx.PrimFunc, num_outputs: int = 1) -> OpInfo:
         if reused:
             return OpInfo(OpKind.COMPUTE, **{**base, "detail": f"block {b.name} re-uses {reused}"})
     not_rows = [why for why in map(_not_row_reduction, reductions) if why]
+    lengths = [prod(b.extents[v] for v in b.reduce) for b in reductions]
+    if any(map(is_symbolic, lengths)):
+        kind = OpKind.COLUMN_REDUCE if not_rows else OpKind.ROW_REDUCE
+        return OpInfo(kind, **{**base, "detail": "symbolic reduction length"},
+                      unsupported="symbolic reduction length: only a row count may be "
+                                  "symbolic, the length reduced must be static")
     if not_rows:
         return _column_reduction(reductions, base, not_rows[0])
     rows = {prod(b.extents[v] for v in b.spatial) for b in reductions}
     if len(rows) != 1:
         return OpInfo(OpKind.ROW_REDUCE, **{**base, "detail": "different row counts"},
                       unsupported="its reductions use different row counts")
-    length = max(prod(b.extents[v] for v in b.reduce) for b in reductions)
-    return OpInfo(OpKind.ROW_REDUCE, **base, rows=rows.pop(), row_length=length)
+    return OpInfo(OpKind.ROW_REDUCE, **base, rows=rows.pop(), row_length=max(lengths))
 
 
 def _pattern(func: tirx.PrimFunc) -> int | None:
@@ -158,18 +167,9 @@ def _pattern(func: tirx.PrimFunc) -> int | None:
     return int(attrs["op_pattern"])
 
 
-def _static_shape(buf: tvm.ir.Var) -> tuple[int, ...] | None:
-    dims = []
-    for d in buf.shape:
-        if not isinstance(d, tirx.IntImm):
-            return None
-        dims.append(int(d))
-    return tuple(dims)
-
-
 def _blocks(func: tirx.PrimFunc) -> list[_Block] | None:
     """The non-root blocks of ``func`` with their iterators and loads, or None when an iterator
-    is neither spatial nor reduction or has a symbolic extent."""
+    is neither spatial nor reduction or has an extent without a value (``dim_value``)."""
     found: list[s_tir.stmt.SBlock] = []
     tvm_ffi.structural_walk(func.body, [(s_tir.stmt.SBlock, found.append)])
     blocks = []
@@ -178,9 +178,10 @@ def _blocks(func: tirx.PrimFunc) -> list[_Block] | None:
             continue
         spatial, reduce, extents = [], [], {}
         for iv in blk.iter_vars:
-            if not isinstance(iv.dom.extent, tirx.IntImm):
+            extent = dim_value(iv.dom.extent)
+            if extent is None:
                 return None
-            extents[iv.var] = int(iv.dom.extent)
+            extents[iv.var] = extent
             if iv.iter_type == tirx.IterVar.DataPar:
                 spatial.append(iv.var)
             elif iv.iter_type == tirx.IterVar.CommReduce:
@@ -316,7 +317,7 @@ def _reads_aligned(blocks: list[_Block], buf: tvm.ir.Var) -> bool:
     """Whether every load of ``buf`` reads the element at the loading block's own position
     (indices equal to the block's iterators, shapes equal): a one-to-one dependence, so the
     producer of ``buf`` can run in the same thread as each reader."""
-    shape = _static_shape(buf)
+    shape = shape_values(buf.shape)
     for b in blocks:
         for load_buf, indices in b.loads:
             if not load_buf.same_as(buf):

@@ -35,6 +35,7 @@ from tvm.target import Target
 from ..analysis.roofline import GPU
 from ..lowering import LoweredFunc, lower
 from ..plan import Buffer, Group, Launch, MappingKind, Phase, StorageLevel, ThreadMapping
+from ..symbolic import is_symbolic, shape_values, symbolic_extent
 from ..target import MAX_SHARED_MEMORY_PER_BLOCK, MAX_THREADS_PER_BLOCK, WARP_SIZE
 from .blocks import (
     LOCAL,
@@ -208,10 +209,12 @@ def _decide_flat(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, reused:
     """Element-wise group: each thread owns one element. A producer read once is inlined; one
     read more often is computed once into a register of the thread, if every reader reads the
     thread's own element (else it is recomputed); inputs read at several places likewise."""
-    sizes = {prod(int(d) for d in p.shape) for p in written_params(func, sch)}
+    outputs = written_params(func, sch)
+    sizes = {_elements(p) for p in outputs}
     if len(sizes) != 1:
         raise Unstitchable(f"outputs of different sizes {sorted(sizes)}")
     size = sizes.pop()
+    size_expr = symbolic_extent(list(outputs[0].shape)) if is_symbolic(size) else ""
     inlined: list[str] = []
     kept: list[Buffer] = []
     for block in reversed(child_blocks(sch)):
@@ -244,7 +247,8 @@ def _decide_flat(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, reused:
                                  f"read at {sites} places"))
     buffers = tuple(Buffer(n, "output", StorageLevel.REGISTER, 0,
                            "written out and read inside the kernel") for n in reused)
-    mapping = flat_mapping(size, max_threads, max(_bytes(p) for p in func.params), gpu)
+    mapping = replace(flat_mapping(size, max_threads, max(_bytes(p) for p in func.params), gpu),
+                      rows_expr=size_expr)
     if (kept or staged or reused) and any(_reshaped(r) for b in child_blocks(sch)
                                           for r in (*sch.get(b).reads, *sch.get(b).writes)):
         # a register copy of a reshaped access would be a bounding box around the vector
@@ -252,7 +256,7 @@ def _decide_flat(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, reused:
     return replace(group, mapping=mapping, inlined=tuple(inlined),
                    buffers=buffers + tuple(kept) + tuple(staged), shared_bytes=0,
                    shared_budget=0,
-                   launch=_launch(gpu, mapping.threads_per_block, 0, mapping.blocks))
+                   launch=_launch(gpu, mapping.threads_per_block, 0, _grid(mapping)))
 
 
 def _element_aligned(sch: s_tir.Schedule, blocks: list, buffer: tirx.Buffer, size: int
@@ -308,7 +312,11 @@ def _decide_rows(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: i
     _decide_staging(sch, func, infos, rows, dec)
     dec.reductions = sum(1 for info in infos.values() if info.is_reduction)
     length = max(info.elements for info in infos.values())
-    mapping = row_mapping(rows, length, rows, max_threads, gpu)
+    if is_symbolic(rows):  # packed rows: the last block's rows past the end are guarded
+        rows_expr = symbolic_extent([i.size for i in next(iter(infos.values())).row_iters])
+        mapping = replace(row_mapping(rows, length, None, max_threads, gpu), rows_expr=rows_expr)
+    else:
+        mapping = row_mapping(rows, length, rows, max_threads, gpu)
     mapping = _fit_budget(sch, dec, mapping, budget)
     mapping = _pack_vertically(dec, mapping, gpu)
     mapping = replace(mapping, vector=row_vector(mapping, max(_bytes(p) for p in func.params)))
@@ -317,7 +325,7 @@ def _decide_rows(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: i
                    buffers=_buffers(dec, mapping, reused),
                    shared_bytes=shared, shared_budget=budget,
                    demotions=tuple(dec.demotions),
-                   launch=_launch(gpu, mapping.threads_per_block, shared, mapping.blocks))
+                   launch=_launch(gpu, mapping.threads_per_block, shared, _grid(mapping)))
 
 
 SPLIT_THREADS = 512
@@ -364,6 +372,10 @@ def _decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows:
     there (inlined): nothing but global memory survives a grid barrier. ``threads`` fixes
     the block size (else the row mapping's).
     """
+    if is_symbolic(rows):
+        raise Unstitchable("symbolic row count: Global stitching needs a persistent grid "
+                           "capped at one wave, and the rows per block that needs are only "
+                           "known at run time")
     for name in column_reductions(sch, rows):
         normalise_column(sch, sch.get_sblock(name))
     roles = assign_roles(sch, rows)
@@ -635,7 +647,7 @@ def _decide_staging(sch: s_tir.Schedule, func: tirx.PrimFunc, infos: dict[str, B
                 dec.staged.append(_Staging(param.name, "input", per_row * _bytes(param),
                                            "broadcast over the row: read once per row"))
         elif span > 1 and len(param.shape) > 0:
-            size = prod(int(d) for d in param.shape) * span // rows * _bytes(param)
+            size = _elements(param) * span // rows * _bytes(param)
             dec.block_shared.append(_BlockShared(param.name, max(size, _bytes(param)), span))
         elif sites >= 2:
             dec.global_reads.append(Buffer(param.name, "input", StorageLevel.GLOBAL, 0,
@@ -647,6 +659,15 @@ def _pack_vertically(dec: _Decisions, mapping: ThreadMapping, gpu: GPU) -> Threa
     the grid within one wave, or, when inputs are read alike by runs of rows, as many as
     leave half a wave of blocks, so that those are staged once per block; inputs that no
     block then shares are left in global memory."""
+    if is_symbolic(mapping.rows):
+        for b in dec.block_shared:
+            runs = "every row" if is_symbolic(b.span) else f"runs of {b.span} rows"
+            dec.global_reads.append(Buffer(b.name, "input", StorageLevel.GLOBAL, 0,
+                                           f"read alike by {runs}; symbolic row count, no "
+                                           "vertical packing: re-read (served by the L2 "
+                                           "cache)"))
+        dec.block_shared.clear()
+        return mapping
     wave = _launch(gpu, mapping.threads_per_block, _shared_bytes(dec, mapping)).wave
     if dec.block_shared:
         span = min(b.span for b in dec.block_shared)
@@ -661,6 +682,20 @@ def _pack_vertically(dec: _Decisions, mapping: ThreadMapping, gpu: GPU) -> Threa
     if not dec.block_shared:
         mapping = replace(mapping, row_steps=row_steps(mapping, wave))
     return mapping
+
+
+def _grid(mapping: ThreadMapping) -> int:
+    """The blocks a mapping launches; 0 when the row count is symbolic (known at run time)."""
+    return 0 if mapping.rows_expr else mapping.blocks
+
+
+def _elements(buffer: tirx.Buffer) -> int:
+    """Elements of ``buffer``; a symbolic dimension counts as its stand-in."""
+    shape = shape_values(buffer.shape)
+    if shape is None:
+        raise Unstitchable(f"{buffer.name} has a dimension that is not a product of shape "
+                           "variables")
+    return prod(shape)
 
 
 def _bytes(buffer: tirx.Buffer) -> int:

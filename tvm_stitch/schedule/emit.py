@@ -25,6 +25,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 
 from ..plan import Group, MappingKind, Phase, ThreadMapping
+from ..symbolic import dim_value, is_symbolic
 from .blocks import (
     LOCAL,
     SCOPES,
@@ -101,6 +102,8 @@ def emit(func: tirx.PrimFunc, group: Group) -> s_tir.Schedule:
         _map_flat(sch, group.mapping)
     else:
         _map_rows(sch, group.mapping, group.mapping.rows, block_caches)
+        if group.mapping.rows_expr and group.mapping.rows_per_block > 1:
+            _index_rows_in_block(sch, group.mapping.rows_per_block)
     return sch
 
 
@@ -219,6 +222,23 @@ def _map_rows(sch: s_tir.Schedule, mapping: ThreadMapping, rows: int,
         _, row_in_block, thread = sch.split(
             fused, [None, mapping.rows_per_block, mapping.threads_per_row])
         _bind_threads(sch, mapping, row_in_block, thread)
+
+
+def _index_rows_in_block(sch: s_tir.Schedule, rows_per_block: int) -> None:
+    """Index every on-chip buffer over a symbolic row count by the row's place in its
+    thread block (``row % rows_per_block``; a block holds consecutive rows, one group at a
+    time). TVM sizes such a buffer from the region a thread block touches, and the guard of
+    a partial last block (``row < n``) hides that region's bound from it."""
+    for block in child_blocks(sch):
+        for index, region in enumerate(sch.get(block).writes):
+            buffer = region.source
+            if buffer.scope() == "global" or not buffer.shape \
+                    or not is_symbolic(dim_value(buffer.shape[0]) or 0):
+                continue
+            sch.transform_layout(
+                block, ("write", index),
+                lambda row, *rest: (row % rows_per_block, *rest),
+                assume_injective_transform=True)
 
 
 def _two_loops(sch: s_tir.Schedule, block: SBlockRV) -> tuple[LoopRV, LoopRV]:

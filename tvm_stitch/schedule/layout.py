@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from tvm import s_tir, tirx
 
+from ..symbolic import shape_values
 from .blocks import child_blocks, name_of
 from .rows import block_rows, prefix_split, row_element_map
 
@@ -19,10 +20,10 @@ def flatten_rows(sch: s_tir.Schedule, rows: int, skip: list[str],
         if only is not None and name_of(sch, block) not in only:
             continue
         for index, region in enumerate(sch.get(block).writes):
-            shape = [int(d) for d in region.source.shape]
             if region.source.scope() == "global":
                 continue
-            kb = prefix_split(shape, rows)
+            shape = list(region.source.shape)
+            kb = prefix_split(list(shape_values(shape) or []), rows)
             if kb is None or (kb <= 1 and len(shape) - kb <= 1):
                 continue
             layout = row_element_map(list(range(kb)), shape[:kb],
@@ -45,8 +46,8 @@ def flatten_rows(sch: s_tir.Schedule, rows: int, skip: list[str],
             while len(sch.get_loops(block)) < 2:
                 sch.add_unit_loop(block)
             continue
-        index_map = row_element_map(row_pos, [info.iters[p].extent for p in row_pos],
-                                     elem_pos, [info.iters[p].extent for p in elem_pos])
+        index_map = row_element_map(row_pos, [info.iters[p].size for p in row_pos],
+                                     elem_pos, [info.iters[p].size for p in elem_pos])
         dtype = str(info.iters[0].var.ty.dtype)
         sch.transform_block_layout(
             block, tirx.IndexMap.from_func(index_map, ndim=len(info.iters), index_dtype=dtype))

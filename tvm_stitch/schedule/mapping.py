@@ -14,6 +14,7 @@ from dataclasses import replace
 
 from ..analysis.roofline import GPU, gpu_of_arch
 from ..plan import MappingKind, ThreadMapping
+from ..symbolic import is_symbolic
 from ..target import MAX_THREADS_PER_BLOCK, WARP_SIZE
 
 DEFAULT_GPU = gpu_of_arch("sm_90")
@@ -33,7 +34,7 @@ def _pow2_floor(n: int) -> int:
     return 1 << (max(n, 1).bit_length() - 1)
 
 
-def row_mapping(rows: int, row_length: int, divisor: int = 1,
+def row_mapping(rows: int, row_length: int, divisor: int | None = 1,
                 max_threads: int = MAX_THREADS_PER_BLOCK, gpu: GPU = DEFAULT_GPU
                 ) -> ThreadMapping:
     """The mapping for ``rows`` rows of ``row_length`` elements.
@@ -42,8 +43,9 @@ def row_mapping(rows: int, row_length: int, divisor: int = 1,
     a block of 128-1024 threads (about four elements each). When the rows are too few to
     fill the GPU that way, rows get more threads, up to one per element, so that enough
     loads are in flight. Short rows that keep a (sub-)warp each are packed several per block;
-    ``divisor`` is a number the rows of a block must divide (1 forbids packing). Packing
-    keeps at least one block per SM of ``gpu``.
+    ``divisor`` is a number the rows of a block must divide (1 forbids packing; None allows
+    any, the last block guarding its rows past the end). Packing keeps at least one block
+    per SM of ``gpu``.
     """
     width = _pow2_ceil(row_length)
     fill = _pow2_ceil(-(-(gpu.sms * gpu.max_threads_per_sm) // rows))
@@ -55,7 +57,7 @@ def row_mapping(rows: int, row_length: int, divisor: int = 1,
     if per_row > WARP_SIZE:
         return ThreadMapping(MappingKind.BLOCK_PER_ROW, rows, row_length, 1, per_row)
     packed = min(BLOCK_THREADS // per_row, _pow2_floor(max(rows // gpu.sms, 1)))
-    while packed > 1 and divisor % packed:
+    while packed > 1 and divisor is not None and divisor % packed:
         packed //= 2
     return ThreadMapping(MappingKind.WARP_PER_ROW, rows, row_length, packed, per_row)
 
@@ -107,9 +109,9 @@ def flat_mapping(elements: int, max_threads: int = MAX_THREADS_PER_BLOCK,
     consecutive elements as wide as ``VECTOR_BYTES`` allows for elements of
     ``element_bytes`` (the widest in the kernel) when the blocks then divide the elements
     (aligned, no partial vectors) and still give every SM of ``gpu`` a block, else on one
-    element."""
+    element; always on one for a symbolic count, whose last block is guarded."""
     threads = min(max_threads, BLOCK_THREADS, max(WARP_SIZE, _pow2_ceil(elements)))
-    vector = max(1, VECTOR_BYTES // element_bytes)
+    vector = 1 if is_symbolic(elements) else max(1, VECTOR_BYTES // element_bytes)
     while vector > 1 and (elements % (threads * vector)
                           or elements // (threads * vector) < gpu.sms):
         vector //= 2

@@ -19,6 +19,8 @@ from tvm import s_tir, tirx
 from tvm.s_tir.schedule import SBlockRV
 from tvm.sym import Analyzer
 
+from ..symbolic import dim_value, shape_values
+
 
 class Unstitchable(Exception):
     """A group (or part of one) that the stitch schedule cannot handle; the message is the
@@ -35,11 +37,13 @@ def error_summary(err: Exception) -> str:
 
 @dataclass(frozen=True)
 class Iter:
-    """A block iterator: its variable, kind (``S`` spatial or ``R`` reduction) and extent."""
+    """A block iterator: its variable, kind (``S`` spatial or ``R`` reduction) and extent
+    (a symbolic one's stand-in, see ``tvm_stitch.symbolic``; ``size`` is the real one)."""
 
     var: tvm.ir.Var
     kind: str
     extent: int
+    size: tvm.ir.PrimExpr
 
 
 @dataclass(frozen=True)
@@ -72,19 +76,22 @@ class BlockRows:
 
 
 def iters_of(sch: s_tir.Schedule, block: SBlockRV) -> tuple[Iter, ...]:
-    """The iterators of ``block``; raises Unstitchable on a symbolic extent or an opaque kind."""
+    """The iterators of ``block``; raises Unstitchable on an extent without a value
+    (``dim_value``) or an opaque kind."""
     stmt = sch.get(block)
     out = []
     for iv in stmt.iter_vars:
-        if not isinstance(iv.dom.extent, tirx.IntImm):
-            raise Unstitchable(f"block {stmt.name_hint} has a symbolic extent")
+        extent = dim_value(iv.dom.extent)
+        if extent is None:
+            raise Unstitchable(f"block {stmt.name_hint} has an extent that is not a product "
+                               "of shape variables")
         if iv.iter_type == tirx.IterVar.DataPar:
             kind = "S"
         elif iv.iter_type == tirx.IterVar.CommReduce:
             kind = "R"
         else:
             raise Unstitchable(f"block {stmt.name_hint} has an opaque iterator")
-        out.append(Iter(iv.var, kind, int(iv.dom.extent)))
+        out.append(Iter(iv.var, kind, extent, iv.dom.extent))
     return tuple(out)
 
 
@@ -116,12 +123,13 @@ def block_rows(sch: s_tir.Schedule, block: SBlockRV, rows: int) -> BlockRows:
     return info
 
 
-def _row_index(exprs: list[tvm.ir.PrimExpr], extents: list[int]) -> tvm.ir.PrimExpr | None:
+def _row_index(exprs: list[tvm.ir.PrimExpr], extents: list[tvm.ir.PrimExpr]
+               ) -> tvm.ir.PrimExpr | None:
     if not exprs:
         return None
     index = exprs[0]
     for e, n in zip(exprs[1:], extents[1:], strict=True):
-        index = index * tirx.IntImm(index.ty.dtype, n) + e
+        index = index * n.astype(index.ty.dtype) + e
     return index
 
 
@@ -131,19 +139,13 @@ def _has_load(expr: tvm.ir.PrimExpr) -> bool:
     return bool(found)
 
 
-def _static_shape(buffer: tirx.Buffer) -> list[int] | None:
-    if not all(isinstance(d, tirx.IntImm) for d in buffer.shape):
-        return None
-    return [int(d) for d in buffer.shape]
-
-
 def access_rows(info: BlockRows, region: tvm.ir.TensorRegion, rows: int) -> str:
     """How an access of ``info``'s block touches rows: ``aligned`` (its own row only),
     ``independent`` (the same data for every row, e.g. a bias), or ``other``.
 
     Data-dependent indices (a gather) are allowed inside the row, not in the row dimensions.
     """
-    shape = _static_shape(region.source)
+    shape = shape_values(region.source.shape)
     if shape is None:
         return "other"
     row_vars = [i.var for i in info.row_iters]
@@ -158,11 +160,11 @@ def access_rows(info: BlockRows, region: tvm.ir.TensorRegion, rows: int) -> str:
     ana = Analyzer()
     for it in info.iters:
         ana.bind(it.var, tvm.ir.Range(tirx.IntImm(it.var.ty.dtype, 0),
-                                      tirx.IntImm(it.var.ty.dtype, it.extent)))
+                                      it.size.astype(it.var.ty.dtype)))
     if not all(ana.can_prove_equal(r.extent, 1) for r in dims[:kb]):
         return "other"
-    mine = _row_index(row_vars, [i.extent for i in info.row_iters])
-    theirs = _row_index([r.min for r in dims[:kb]], shape[:kb])
+    mine = _row_index(row_vars, [i.size for i in info.row_iters])
+    theirs = _row_index([r.min for r in dims[:kb]], list(region.source.shape)[:kb])
     if mine is None or not ana.can_prove_equal(theirs, mine):
         return "other"
     if any(not dep and _uses_any(r.min, row_vars) for r, dep in zip(dims[kb:], dependent[kb:],
@@ -192,13 +194,13 @@ def _uses_any(expr: tvm.ir.PrimExpr, variables: list[tvm.ir.Var]) -> bool:
 
 def row_elements(buffer: tirx.Buffer, rows: int) -> int:
     """Elements per row of a buffer laid out as ``rows`` rows (its size if it has no rows)."""
-    shape = _static_shape(buffer) or []
+    shape = list(shape_values(buffer.shape) or [])
     kb = prefix_split(shape, rows)
     return prod(shape[kb:]) if kb else prod(shape)
 
 
-def row_element_map(row_pos: list[int], row_extents: list[int], elem_pos: list[int],
-                     elem_extents: list[int]):
+def row_element_map(row_pos: list[int], row_extents: list[tvm.ir.PrimExpr | int],
+                     elem_pos: list[int], elem_extents: list[tvm.ir.PrimExpr | int]):
     """Index map from a block's iterators to (linear row, linear element): the iterators at
     ``row_pos`` (extents ``row_extents``) form the row, those at ``elem_pos`` the element; a
     missing part becomes the constant 0."""
@@ -212,7 +214,7 @@ def row_element_map(row_pos: list[int], row_extents: list[int], elem_pos: list[i
     return index_map
 
 
-def _linear(vs: list, extents: list[int]):
+def _linear(vs: list, extents: list[tvm.ir.PrimExpr | int]):
     index = vs[0]
     for v, n in zip(vs[1:], extents[1:], strict=True):
         index = index * n + v

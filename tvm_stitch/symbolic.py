@@ -1,0 +1,58 @@
+"""Symbolic dimensions (a batch or sequence length known only at run time) as plain numbers.
+
+Grouping and planning count rows and elements with Python integers. A symbolic dimension
+gets a *stand-in*: a number far larger than any real tensor dimension, fixed by the
+variable's name, so the same dimension has the same stand-in in every op of a function
+(LegalizeOps and FuseTIR keep the names of Relax's shape variables). Products of dimensions
+(row counts, sizes) then compare and divide like the real ones would for any value, and any
+count at or above ``SYMBOLIC`` is known to depend on a symbolic dimension. Code that builds
+TIR uses the real expressions; the stand-ins only decide.
+"""
+
+from __future__ import annotations
+
+import zlib
+from math import prod
+
+import tvm
+from tvm import tirx
+from tvm.sym import Analyzer
+
+SYMBOLIC = 1 << 40
+"""Every stand-in, and so every count that involves a symbolic dimension, is at least this."""
+
+
+def stand_in(name: str) -> int:
+    """The stand-in of the symbolic dimension ``name``: odd, so that it shares no factor of
+    two with the static dimensions it is multiplied with."""
+    return SYMBOLIC + 2 * zlib.crc32(name.encode()) + 1
+
+
+def dim_value(expr: tvm.ir.PrimExpr) -> int | None:
+    """The value of a dimension: its constant, or for a product of shape variables and
+    constants its stand-in; None for any other expression (a sum, a division)."""
+    if isinstance(expr, tirx.IntImm):
+        return int(expr)
+    if isinstance(expr, tvm.ir.Var):
+        return stand_in(expr.name)
+    if isinstance(expr, tirx.Mul):
+        a, b = dim_value(expr.a), dim_value(expr.b)
+        return None if a is None or b is None else a * b
+    return None
+
+
+def shape_values(shape) -> tuple[int, ...] | None:
+    """``dim_value`` of every dimension of ``shape``, or None if one has no value."""
+    dims = tuple(dim_value(d) for d in shape)
+    return None if any(d is None for d in dims) else dims
+
+
+def is_symbolic(count: int) -> bool:
+    """Whether a count (rows, elements) involves a symbolic dimension."""
+    return count >= SYMBOLIC
+
+
+def symbolic_extent(extents: list[tvm.ir.PrimExpr]) -> str:
+    """The product of ``extents`` (real TIR extents) as a readable expression, for plans."""
+    total = prod(extents[1:], start=extents[0]) if extents else tirx.IntImm("int64", 1)
+    return str(Analyzer().simplify(total))
