@@ -16,7 +16,9 @@ Works on the fused PrimFunc of a group (FuseTIR's output), block by block:
   batch) is staged once per thread block, and each block then walks several rows in
   sequence (vertical packing) so that it is read once per block rather than once per row;
 - then the thread mapping, and the shared-memory budget: over it, inputs staged per row are
-  demoted to re-reads from global memory (largest first), then those staged per block, then
+  demoted (largest first) to registers, each thread holding the elements of the row it
+  reads (``REGISTER_ROW_ELEMENTS`` at most), else to re-reads from global memory; then
+  inputs staged per block are demoted, then
   packed rows are halved, then Regional intermediates are recomputed (inlined) instead; if it
   still does not fit the group needs Global stitching, which comes next, and falls back.
 """
@@ -76,6 +78,7 @@ from .rows import (
     access_rows,
     block_rows,
     error_summary,
+    reads_own_element,
     row_elements,
     rows_sharing,
 )
@@ -93,6 +96,7 @@ class _Staging:
     per_row: int
     note: str = ""
     block: str = ""  # writer block (for intermediates that may be recomputed)
+    own: bool = False  # (an input) every reader reads only the element it is at
 
     def bytes_for(self, rows_per_block: int) -> int:
         """Shared bytes for ``rows_per_block`` rows at a time."""
@@ -114,6 +118,7 @@ class _Decisions:
     regional: list[_Staging] = field(default_factory=list)
     results: list[_Staging] = field(default_factory=list)  # reduction results (registers)
     staged: list[_Staging] = field(default_factory=list)
+    held: list[_Staging] = field(default_factory=list)  # inputs held in registers
     block_shared: list[_BlockShared] = field(default_factory=list)
     global_reads: list[Buffer] = field(default_factory=list)
     demotions: list[str] = field(default_factory=list)
@@ -311,7 +316,9 @@ def _decide_rows(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: i
     mapping = row_mapping(rows, length, rows, max_threads, gpu)
     mapping = _fit_budget(sch, dec, mapping, budget)
     mapping = _pack_vertically(dec, mapping, gpu)
-    mapping = replace(mapping, vector=row_vector(mapping, max(_bytes(p) for p in func.params)))
+    if not dec.held:  # a vector would give a thread other elements than its registers hold
+        mapping = replace(mapping, vector=row_vector(mapping,
+                                                     max(_bytes(p) for p in func.params)))
     shared = _shared_bytes(dec, mapping)
     return replace(group, mapping=mapping, inlined=tuple(dec.inlined),
                    buffers=_buffers(dec, mapping, reused),
@@ -628,9 +635,10 @@ def _decide_staging(sch: s_tir.Schedule, func: tirx.PrimFunc, infos: dict[str, B
         span = min(rows_sharing(info, r) for info, r in regions)
         if kinds == {"aligned"} and span == 1:
             per_row = row_elements(param, rows)
+            own = all(reads_own_element(info, r, rows) for info, r in regions)
             if sites >= 2:
                 dec.staged.append(_Staging(param.name, "input", per_row * _bytes(param),
-                                           f"read at {sites} places in the row"))
+                                           f"read at {sites} places in the row", own=own))
             elif any(info.elements > per_row for info, _ in regions):
                 dec.staged.append(_Staging(param.name, "input", per_row * _bytes(param),
                                            "broadcast over the row: read once per row"))
@@ -677,12 +685,21 @@ def _shared_bytes(dec: _Decisions, mapping: ThreadMapping) -> int:
 
 def _fit_budget(sch: s_tir.Schedule, dec: _Decisions, mapping: ThreadMapping,
                 budget: int) -> ThreadMapping:
-    """Demote staging one buffer at a time until the block's shared memory fits ``budget``."""
+    """Demote staging one buffer at a time until the block's shared memory fits ``budget``;
+    an input staged per row whose readers read only their own elements goes to registers
+    when each thread holds few enough of them (``registers``), else to global memory."""
     while _shared_bytes(dec, mapping) > budget:
         used = _shared_bytes(dec, mapping)
         if dec.staged:
             victim = max(dec.staged, key=lambda s: s.bytes_for(mapping.rows_per_block))
             dec.staged.remove(victim)
+            slots = _register_slots(victim, mapping, sch)
+            if victim.own and slots <= REGISTER_ROW_ELEMENTS:
+                dec.held.append(replace(victim, note=f"{slots} element(s) of the row per "
+                                                     "thread"))
+                dec.demotions.append(f"input {victim.name} held in registers ({used} B of "
+                                     f"shared memory > {budget} B)")
+                continue
             dec.global_reads.append(Buffer(victim.name, "input", StorageLevel.GLOBAL, 0,
                                            "demoted: re-read from global memory"))
             dec.demotions.append(f"input {victim.name} re-read from global memory "
@@ -718,6 +735,18 @@ def _fit_budget(sch: s_tir.Schedule, dec: _Decisions, mapping: ThreadMapping,
     return mapping
 
 
+REGISTER_ROW_ELEMENTS = 32
+"""Most elements of a row one thread holds in registers (an input that does not fit in shared
+memory): 32 of the 64 registers a thread of a 1024-thread block may use at full occupancy."""
+
+
+def _register_slots(staging: _Staging, mapping: ThreadMapping, sch: s_tir.Schedule) -> int:
+    """Elements of its row each thread would hold of the input ``staging`` kept in registers:
+    each of ``threads_per_row`` threads takes one element per step."""
+    param = next(p for p in sch.mod["main"].params if p.name == staging.name)
+    return -(-staging.per_row // _bytes(param) // mapping.threads_per_row)
+
+
 def _buffers(dec: _Decisions, mapping: ThreadMapping, reused: list[str]) -> tuple[Buffer, ...]:
     rpb = mapping.rows_per_block
     out: list[Buffer] = []
@@ -729,7 +758,7 @@ def _buffers(dec: _Decisions, mapping: ThreadMapping, reused: list[str]) -> tupl
     for s in dec.regional + dec.staged:
         out.append(Buffer(s.name, s.role, StorageLevel.SHARED, s.bytes_for(rpb), s.note,
                           s.block))
-    for s in dec.results:
+    for s in dec.results + dec.held:
         out.append(Buffer(s.name, s.role, StorageLevel.REGISTER, 0, s.note, s.block))
     rows = mapping.rows_per_block * mapping.row_steps
     for b in dec.block_shared:

@@ -49,6 +49,7 @@ from .persistent import (
     with_root,
 )
 from .phases import normalise_column
+from .registers import hold_inputs
 from .rows import Unstitchable, iters_of, row_element_map
 from .task_split import split_rows
 
@@ -101,6 +102,7 @@ def emit(func: tirx.PrimFunc, group: Group) -> s_tir.Schedule:
         _map_flat(sch, group.mapping)
     else:
         _map_rows(sch, group.mapping, group.mapping.rows, block_caches)
+        sch = hold_inputs(sch, group)
     return sch
 
 
@@ -296,7 +298,7 @@ def _emit_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group) -> s_ti
         else:
             _map_column_phase(sch, mapping.threads_per_block, list(phase.combines),
                               [n for n in phase.blocks if n not in phase.combines])
-    return sch
+    return hold_inputs(sch, group)
 
 
 def _stage_phase_input(sch: s_tir.Schedule, names: set[str], buffer_name: str) -> SBlockRV:
