@@ -92,6 +92,19 @@ def test_column_sum_feeding_element_wise_ops_and_a_loss() -> None:
     assert group.ops[-2:] == ("lv9:mean", "gv:tir_negative")
 
 
+def test_column_sum_tiles_columns_to_write_fewer_partial_sums() -> None:
+    # 1024 columns over 256 threads: a task is a quarter of a row tile's columns, so 128 row
+    # tiles of 16 rows (not 256 of 8) fill the 512 blocks
+    scheduled, plan = _check(micro.column_sum((2048, 1024)))
+    (group,) = plan.groups
+    assert [(p.kind, p.tasks, p.column_tiles) for p in group.phases] == [
+        ("rows", 512, 4), ("columns", 4, 1)]
+    (kernel,) = analyze(scheduled).kernels
+    partials = kernel.traffic.buffers["x_red_intermediate.rf"]
+    assert (partials.read_bytes, partials.write_bytes) == (128 * 1024 * 4, 128 * 1024 * 4)
+    assert kernel.traffic.buffers["x"].read_bytes == 2048 * 1024 * 4
+
+
 @pytest.mark.parametrize("shape", [(16, 160), (257, 2)])
 def test_column_space_blocks_stay_in_their_columns(shape: tuple[int, int]) -> None:
     # max(x, 1.5) is imported as a max over a stacked axis: a column reduction of 2 rows

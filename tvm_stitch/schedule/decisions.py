@@ -399,12 +399,14 @@ def _decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows:
                            f"than a quarter of {budget} B: needs tiles of columns")
     mapping = _fit_budget(sch, dec, mapping, room)
     roles = assign_roles(sch, rows)
+    column_tiles = _column_tiles(roles, mapping.threads_per_block)
+    accumulators = {name: size // column_tiles for name, size in accumulators.items()}
     staged = _phase_inputs(sch, roles, rows, budget - _shared_bytes(dec, mapping)
                            - sum(accumulators.values()))
     shared = _shared_bytes(dec, mapping) + sum(accumulators.values()) \
         + sum(b.shared_bytes for b in staged)
     launch = _launch(gpu, mapping.threads_per_block, shared)
-    tiles = _row_tiles(rows, launch.wave, bool(roles.columns))
+    tiles = _row_tiles(rows, launch.wave // column_tiles, bool(roles.columns))
     mapping = replace(mapping, row_steps=rows // tiles)
     for b in list(dec.block_shared):
         if b.span % mapping.row_steps:
@@ -412,7 +414,7 @@ def _decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows:
             dec.global_reads.append(Buffer(b.name, "input", StorageLevel.GLOBAL, 0,
                                            f"shared by runs of {b.span} rows, not by the "
                                            f"{mapping.row_steps} rows of a tile"))
-    phases = _phases(roles, tiles, mapping.threads_per_block)
+    phases = _phases(roles, tiles, mapping.threads_per_block, column_tiles)
     grid = min(launch.wave, max(p.tasks for p in phases))
     partials = tuple(
         Buffer(name, "partial", StorageLevel.GLOBAL, 0,
@@ -541,10 +543,23 @@ def _row_tiles(rows: int, wave: int, partial_sums: bool) -> int:
     return tiles
 
 
-def _phases(roles: Roles, tiles: int, threads: int) -> tuple[Phase, ...]:
-    """Row phases (``tiles`` tasks) and column phases (a task per ``threads`` columns), by
-    level; a column reduction is in the row phase of its partial sums and in the next column
-    phase, which combines them."""
+def _column_tiles(roles: Roles, threads: int) -> int:
+    """Column tiles per row tile: when the row phases only accumulate column reductions (no
+    block needs whole rows) of one width that ``threads`` divide, a task takes a column per
+    thread of its row tile rather than all of them, so that fewer, longer row tiles fill the
+    GPU and fewer rows of partial sums go through global memory; else 1."""
+    widths = set(roles.columns.values())
+    if roles.of_kind(ROW) or len(widths) != 1:
+        return 1
+    width = widths.pop()
+    return width // threads if width % threads == 0 else 1
+
+
+def _phases(roles: Roles, tiles: int, threads: int, column_tiles: int = 1
+            ) -> tuple[Phase, ...]:
+    """Row phases (``tiles`` tasks, times ``column_tiles``) and column phases (a task per
+    ``threads`` columns), by level; a column reduction is in the row phase of its partial
+    sums and in the next column phase, which combines them."""
     levels: dict[int, list[str]] = {}
     for name, kind in roles.kinds.items():
         level = roles.levels[name]
@@ -556,7 +571,8 @@ def _phases(roles: Roles, tiles: int, threads: int) -> tuple[Phase, ...]:
         names = tuple(levels[level])
         if level % 2 == 0:
             partials = tuple(n for n in names if roles.kinds[n] == COLUMN)
-            phases.append(Phase("rows", names, tiles, partials=partials))
+            phases.append(Phase("rows", names, tiles * column_tiles, partials=partials,
+                                column_tiles=column_tiles))
         else:
             width = max(roles.widths[n] for n in names)
             combines = tuple(n for n in names if n in roles.combines)

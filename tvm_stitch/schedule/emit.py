@@ -294,7 +294,7 @@ def _emit_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group) -> s_ti
             _map_row_phase(sch, mapping,
                            names - {n for c in mine for n in partials[c]} - set(block_caches),
                            [partials[c][0] for c in mine], [partials[c][1] for c in mine],
-                           caches, per_row)
+                           caches, per_row, phase.column_tiles)
         else:
             _map_column_phase(sch, mapping.threads_per_block, list(phase.combines),
                               [n for n in phase.blocks if n not in phase.combines])
@@ -367,21 +367,27 @@ def _reorder_by_phase(sch: s_tir.Schedule, phase_of: dict[str, int], last: set[s
 
 def _map_row_phase(sch: s_tir.Schedule, mapping: ThreadMapping, names: set[str],
                    accumulators: list[str], write_outs: list[str], caches: list[SBlockRV],
-                   row_caches: list[SBlockRV]) -> None:
+                   row_caches: list[SBlockRV], column_tiles: int = 1) -> None:
     """A row phase: its row blocks (``names``) mapped as ``_map_rows`` does with one row per
     block at a time, inputs staged once per tile (``caches``) before its rows and once per
     row (``row_caches``) at each row; each column reduction's partial sum (``accumulators``,
     loops: tile, step, column) accumulated at the step loop and written out after the
-    tile."""
+    tile. With ``column_tiles``, a task is a row tile's column tile, a column per thread."""
     flatten_rows(sch, mapping.rows, [], only=names)
     sinks, others = _sinks(sch, names | set(accumulators))
     heads, steps, bindings = [], [], []
     for block in sinks:
         if name_of(sch, block) in accumulators:
             tile, step, column = sch.get_loops(block)
-            heads.append(tile)
+            if column_tiles > 1:
+                column_tile, thread = sch.split(column, [column_tiles, None])
+                sch.reorder(column_tile, step)
+                heads.append(sch.fuse(tile, column_tile))
+                bindings.append((None, thread))
+            else:
+                heads.append(tile)
+                bindings.append((None, _thread_loop(sch, column, mapping)))
             steps.append(step)
-            bindings.append((None, _thread_loop(sch, column, mapping)))
             continue
         row, elem = _two_loops(sch, block)
         outer, step, row_in_block = sch.split(row, [None, mapping.row_steps, 1])
