@@ -21,6 +21,7 @@ from tvm_stitch import verify, workloads
 from tvm_stitch.analysis import analyze
 from tvm_stitch.plan import MappingKind, StorageLevel
 from tvm_stitch.schedule.mapping import DEFAULT_GPU, flat_mapping, row_mapping
+from tvm_stitch.workloads import micro
 
 
 @pytest.mark.parametrize(("rows", "length", "kind", "rows_per_block", "threads"), [
@@ -98,6 +99,19 @@ def test_log_softmax_row_over_budget_is_read_once_over_whole_steps() -> None:
     assert logits.level is StorageLevel.REGISTER
     (kernel,) = analyze(scheduled).kernels
     assert kernel.traffic.buffers["logits"].read_bytes == 32 * (1024 + 1) * 4  # + the target
+    assert verify.run_simt(scheduled, model).ok
+
+
+def test_log_softmax_rows_of_16000_are_read_once_from_registers() -> None:
+    # 64 KB rows, over the 48 KB budget: 16 registers per thread (16384 slots, 384 clamped)
+    model = micro.logsoftmax_nll((64, 16000))
+    scheduled, plan = lower_stitch(model)
+    (group,) = plan.groups
+    logits = next(b for b in group.buffers if b.name == "logits")
+    assert (logits.level, logits.note) == (StorageLevel.REGISTER,
+                                           "16 element(s) of the row per thread")
+    (kernel,) = analyze(scheduled).kernels
+    assert kernel.traffic.buffers["logits"].read_bytes == 64 * (16384 + 1) * 4
     assert verify.run_simt(scheduled, model).ok
 
 
