@@ -399,14 +399,16 @@ def _decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows:
                            f"than a quarter of {budget} B: needs tiles of columns")
     mapping = _fit_budget(sch, dec, mapping, room)
     roles = assign_roles(sch, rows)
-    column_tiles = _column_tiles(roles, mapping.threads_per_block)
-    accumulators = {name: size // column_tiles for name, size in accumulators.items()}
+    most = max(_column_tile_options(roles, mapping.threads_per_block), default=1)
+    accumulators = {name: size // most + (mapping.threads_per_block * _bytes(
+        sch.get(sch.get_sblock(name)).writes[0].source) if most > 1 else 0)
+        for name, size in accumulators.items()}
     staged = _phase_inputs(sch, roles, rows, budget - _shared_bytes(dec, mapping)
                            - sum(accumulators.values()))
     shared = _shared_bytes(dec, mapping) + sum(accumulators.values()) \
         + sum(b.shared_bytes for b in staged)
     launch = _launch(gpu, mapping.threads_per_block, shared)
-    tiles = _row_tiles(rows, launch.wave // column_tiles, bool(roles.columns))
+    tiles, column_tiles = _tiles(roles, rows, mapping.threads_per_block, launch.wave)
     mapping = replace(mapping, row_steps=rows // tiles)
     for b in list(dec.block_shared):
         if b.span % mapping.row_steps:
@@ -543,16 +545,37 @@ def _row_tiles(rows: int, wave: int, partial_sums: bool) -> int:
     return tiles
 
 
-def _column_tiles(roles: Roles, threads: int) -> int:
-    """Column tiles per row tile: when the row phases only accumulate column reductions (no
-    block needs whole rows) of one width that ``threads`` divide, a task takes a column per
-    thread of its row tile rather than all of them, so that fewer, longer row tiles fill the
-    GPU and fewer rows of partial sums go through global memory; else 1."""
+def _column_tile_options(roles: Roles, threads: int) -> list[int]:
+    """Column tiles per row tile, best first, when the row phases only accumulate column
+    reductions (no block needs whole rows) of one width: a task then takes a tile of its row
+    tile's columns rather than all of them, so that fewer, longer row tiles fill the GPU and
+    fewer rows of partial sums go through global memory. Warp-wide tiles (one reduction: the
+    block's warps take parts of the tile's rows, lanes, and add up their sums in shared
+    memory), or a column per thread."""
     widths = set(roles.columns.values())
     if roles.of_kind(ROW) or len(widths) != 1:
-        return 1
+        return []
     width = widths.pop()
-    return width // threads if width % threads == 0 else 1
+    options = []
+    if len(roles.columns) == 1 and threads % WARP_SIZE == 0 and width % WARP_SIZE == 0 \
+            and width > WARP_SIZE:
+        options.append(width // WARP_SIZE)
+    if width % threads == 0 and width > threads:
+        options.append(width // threads)
+    return options
+
+
+def _tiles(roles: Roles, rows: int, threads: int, wave: int) -> tuple[int, int]:
+    """Row tiles and column tiles per row tile of the row phases: the first option of
+    ``_column_tile_options`` whose lanes (threads per tile column) divide the rows of a row
+    tile, with as many row tiles as then fit ``wave`` tasks; else no column tiles."""
+    partial_sums = bool(roles.columns)
+    for column_tiles in _column_tile_options(roles, threads):
+        tiles = _row_tiles(rows, wave // column_tiles, partial_sums)
+        width = next(iter(roles.columns.values())) // column_tiles
+        if (rows // tiles) % (threads // width) == 0:
+            return tiles, column_tiles
+    return _row_tiles(rows, wave, partial_sums), 1
 
 
 def _phases(roles: Roles, tiles: int, threads: int, column_tiles: int = 1

@@ -373,6 +373,10 @@ def _map_row_phase(sch: s_tir.Schedule, mapping: ThreadMapping, names: set[str],
     row (``row_caches``) at each row; each column reduction's partial sum (``accumulators``,
     loops: tile, step, column) accumulated at the step loop and written out after the
     tile. With ``column_tiles``, a task is a row tile's column tile, a column per thread."""
+    if column_tiles > 1 and len(accumulators) == 1 and not (names or caches or row_caches) \
+            and _lanes(sch, accumulators[0], column_tiles, mapping) > 1:
+        _map_lanes(sch, mapping, accumulators[0], write_outs[0], column_tiles)
+        return
     flatten_rows(sch, mapping.rows, [], only=names)
     sinks, others = _sinks(sch, names | set(accumulators))
     heads, steps, bindings = [], [], []
@@ -418,6 +422,44 @@ def _map_row_phase(sch: s_tir.Schedule, mapping: ThreadMapping, names: set[str],
         block = sch.get_sblock(name)
         sch.reverse_compute_at(block, bx, preserve_unit_loops=True)
         _bind_tile_loops(sch, block, mapping)
+
+
+def _lanes(sch: s_tir.Schedule, accumulator: str, column_tiles: int,
+           mapping: ThreadMapping) -> int:
+    """Threads per column of a column tile of ``accumulator`` (loops: tile, step, column)."""
+    column = sch.get_loops(sch.get_sblock(accumulator))[2]
+    return mapping.threads_per_block * column_tiles // int(sch.get(column).extent)
+
+
+def _map_lanes(sch: s_tir.Schedule, mapping: ThreadMapping, accumulator: str,
+               write_out: str, column_tiles: int) -> None:
+    """A row phase that only accumulates one column reduction (loops: tile, step, column)
+    over column tiles narrower than the block: a task per (row tile, column tile), each
+    thread on a column of the tile and a part of the tile's rows (its lane); the lanes' sums
+    (in shared memory) are then added up per column before the tile's partial sums are
+    written out."""
+    lanes = _lanes(sch, accumulator, column_tiles, mapping)
+    block = sch.get_sblock(accumulator)
+    _, step, column = sch.get_loops(block)
+    sch.split(column, [column_tiles, None])
+    lane, _ = sch.split(step, [lanes, None])
+    per_lane = sch.rfactor(lane, 0)
+    sch.set_scope(per_lane, 0, SHARED)
+    tile, lane, step, column_tile, thread = sch.get_loops(per_lane)
+    sch.reorder(column_tile, lane, thread, step)
+    bx = sch.fuse(tile, column_tile)
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(sch.fuse(lane, thread), "threadIdx.x")
+    # the sums of the lanes and their write-out placed before any split over the threads:
+    # each then covers exactly the tile's columns (a split's guard is not part of a region)
+    out = sch.get_sblock(write_out)
+    sch.reverse_compute_at(block, bx, preserve_unit_loops=True)
+    sch.reverse_compute_at(out, bx, preserve_unit_loops=True)
+    *_, lane, column = sch.get_loops(block)
+    sch.reorder(column, lane)
+    sch.bind(_thread_loop(sch, column, mapping), "threadIdx.x")
+    _bind_tile_loops(sch, out, mapping)
+    sch.decompose_reduction(per_lane, step)
 
 
 def _bind_tile_loops(sch: s_tir.Schedule, block: SBlockRV, mapping: ThreadMapping) -> None:
