@@ -12,9 +12,12 @@ barriers between phases), reductions become cross-thread reductions over threadI
 A Global group (``Group.phases``) is scheduled phase by phase, each phase a launch nest of
 its own: a row phase maps its row tiles as above and accumulates every column reduction it
 feeds in a shared-memory partial sum per tile (``rfactor`` over the tiles), written out at
-the end of the tile; a column phase sums those partials, a thread per column, and computes
-what depends on them. ``kernel`` then makes the nests one persistent kernel with grid
-barriers between them (``persistent``) and applies the launch bounds of the plan.
+the end of the tile (a row phase of column reductions alone takes a tile of the columns
+per task, a column per thread or, narrower than the block, a column per thread of each of
+its lanes, whose sums it adds up first); a column phase sums those partials, a thread per
+column, and computes what depends on them. ``kernel`` then makes the nests one persistent
+kernel with grid barriers between them (``persistent``) and applies the launch bounds of the
+plan.
 """
 
 from __future__ import annotations
