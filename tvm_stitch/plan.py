@@ -193,7 +193,9 @@ class Phase:
     partial sums of the column reductions it feeds (``partials``); a ``columns`` phase sums
     partials (``combines``: of column reductions, or of row reductions split over several
     blocks) and computes what depends on those sums alone. ``tasks`` is its number of
-    virtual blocks, looped over the persistent grid.
+    virtual blocks, looped over the persistent grid. A rows phase of column reductions alone
+    may give each task one of ``column_tiles`` tiles of the columns of its row tile (its
+    tasks are then row tiles x column tiles).
     """
 
     kind: str
@@ -201,6 +203,7 @@ class Phase:
     tasks: int
     partials: tuple[str, ...] = ()
     combines: tuple[str, ...] = ()
+    column_tiles: int = 1
 
 
 @dataclass(frozen=True)
@@ -357,8 +360,10 @@ def format_plan(plan: StitchPlan) -> str:
             lines.append(f"  launch {g.launch}")
         for i, ph in enumerate(g.phases):
             barrier = "; grid barrier" if i + 1 < len(g.phases) else ""
-            lines.append(f"  phase {i} ({ph.kind}, {ph.tasks} tasks): {', '.join(ph.blocks)}"
-                         f"{barrier}")
+            tiles = (f": {ph.tasks // ph.column_tiles} row tiles x {ph.column_tiles} column "
+                     "tiles" if ph.column_tiles > 1 else "")
+            lines.append(f"  phase {i} ({ph.kind}, {ph.tasks} tasks{tiles}): "
+                         f"{', '.join(ph.blocks)}{barrier}")
         for d in g.demotions:
             lines.append(f"  demoted: {d}")
     for f in plan.fallbacks:

@@ -92,6 +92,36 @@ def test_column_sum_feeding_element_wise_ops_and_a_loss() -> None:
     assert group.ops[-2:] == ("lv9:mean", "gv:tir_negative")
 
 
+def test_column_sum_tiles_columns_to_write_fewer_partial_sums() -> None:
+    # a task is a warp-wide tile of a row tile's columns, whose 128 rows the block's 8 warps
+    # split into lanes of 16 and whose lane sums it adds up: 16 row tiles (not 256 of 8) x 32
+    # column tiles fill the 512 blocks
+    scheduled, plan = _check(micro.column_sum((2048, 1024)))
+    (group,) = plan.groups
+    assert [(p.kind, p.tasks, p.column_tiles) for p in group.phases] == [
+        ("rows", 512, 32), ("columns", 4, 1)]
+    (kernel,) = analyze(scheduled).kernels
+    partials = kernel.traffic.buffers["x_red_intermediate.rf"]
+    assert (partials.read_bytes, partials.write_bytes) == (16 * 1024 * 4, 16 * 1024 * 4)
+    assert kernel.traffic.buffers["x"].read_bytes == 2048 * 1024 * 4
+
+
+def test_two_column_sums_tile_a_column_per_thread() -> None:
+    # two column reductions in one row phase: no lanes, a column per thread (256 of 1024)
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2048, 1024])
+    nodes = [onnx.helper.make_node("ReduceSum", ["x", "axes"], ["s"], keepdims=0),
+             onnx.helper.make_node("ReduceSumSquare", ["x", "axes"], ["q"], keepdims=0)]
+    outputs = [onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [1024])
+               for n in ("s", "q")]
+    graph = onnx.helper.make_graph(nodes, "two_sums", [x], outputs,
+                                   [onnx.numpy_helper.from_array(np.array([0]), "axes")])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)])
+    _, plan = _check(model)
+    (group,) = plan.groups
+    assert [(p.kind, p.tasks, p.column_tiles) for p in group.phases] == [
+        ("rows", 512, 4), ("columns", 4, 1)]
+
+
 @pytest.mark.parametrize("shape", [(16, 160), (257, 2)])
 def test_column_space_blocks_stay_in_their_columns(shape: tuple[int, int]) -> None:
     # max(x, 1.5) is imported as a max over a stacked axis: a column reduction of 2 rows

@@ -20,12 +20,14 @@ from tvm.s_tir import dlight as dl
 from tvm.script import tirx as T
 
 import tvm_stitch.schedule.decisions as decide_module
+from tvm_stitch import verify, workloads
 from tvm_stitch.analysis import analyze
 from tvm_stitch.plan import MappingKind, StorageLevel
 from tvm_stitch.schedule.mapping import DEFAULT_GPU, flat_mapping, row_mapping
 from tvm_stitch.schedule.rule import default_rules, host_code, one_thread_kernels, schedule_func
 from tvm_stitch.simt import SimtFunction
 from tvm_stitch.target import DEFAULT_TARGET, parse_target
+from tvm_stitch.workloads import micro
 
 
 @pytest.mark.parametrize(("rows", "length", "kind", "rows_per_block", "threads"), [
@@ -61,12 +63,16 @@ def test_flat_mapping() -> None:
     assert flat_mapping(32768).vector == 1  # 128 blocks: vectors would leave SMs idle
 
 
+def _small_target(shared: int, threads: int = 1024) -> tvm.target.Target:
+    return tvm.target.Target({"kind": "cuda", "arch": "sm_80", "max_num_threads": threads,
+                              "max_threads_per_block": threads, "thread_warp_size": 32,
+                              "max_shared_memory_per_block": shared})
+
+
 def test_over_budget_demotes_and_stays_correct() -> None:
-    model, inputs = patterns.ln_softmax_add(16, 768)
-    small = tvm.target.Target({"kind": "cuda", "arch": "sm_80", "max_num_threads": 1024,
-                               "max_threads_per_block": 1024, "thread_warp_size": 32,
-                               "max_shared_memory_per_block": 4096})
-    scheduled, plan = lower_stitch(model, small)
+    # a warp per row: 48 elements of the row per thread, too many to hold in registers
+    model, inputs = patterns.ln_softmax_add(16, 1536)
+    scheduled, plan = lower_stitch(model, _small_target(4096, threads=32))
     (group,) = plan.groups
     assert group.shared_budget == 4096 and group.shared_bytes <= 4096
     assert group.demotions[0].startswith("input x re-read from global memory")
@@ -74,6 +80,45 @@ def test_over_budget_demotes_and_stays_correct() -> None:
     x = next(b for b in group.buffers if b.name == "x")
     assert x.level is StorageLevel.GLOBAL
     assert_matches(run_simt(model, scheduled, inputs), reference(model, inputs))
+
+
+def test_a_row_over_budget_is_held_in_registers_and_read_once() -> None:
+    # 768 elements over 1024 threads: one register each; x is read at five places
+    model, inputs = patterns.ln_softmax_add(16, 768)
+    scheduled, plan = lower_stitch(model, _small_target(4096))
+    (group,) = plan.groups
+    assert group.demotions[0] == "input x held in registers (15872 B of shared memory > 4096 B)"
+    x = next(b for b in group.buffers if b.name == "x")
+    assert (x.level, x.note) == (StorageLevel.REGISTER, "1 element(s) of the row per thread")
+    (kernel,) = analyze(scheduled).kernels
+    assert kernel.traffic.buffers["x"].read_bytes == 16 * 768 * 4  # once
+    assert_matches(run_simt(model, scheduled, inputs), reference(model, inputs))
+
+
+def test_log_softmax_row_over_budget_is_read_once_over_whole_steps() -> None:
+    # 1000 logits per row over 1024 threads, 2 KB of shared memory: held in registers; the
+    # copy runs over whole steps (24 clamped loads per row) instead of testing each one
+    model = workloads.get("logsoftmax_nll").model("ci")
+    scheduled, plan = lower_stitch(model, _small_target(2048))
+    (group,) = plan.groups
+    logits = next(b for b in group.buffers if b.name == "logits")
+    assert logits.level is StorageLevel.REGISTER
+    (kernel,) = analyze(scheduled).kernels
+    assert kernel.traffic.buffers["logits"].read_bytes == 32 * (1024 + 1) * 4  # + the target
+    assert verify.run_simt(scheduled, model).ok
+
+
+def test_log_softmax_rows_of_16000_are_read_once_from_registers() -> None:
+    # 64 KB rows, over the 48 KB budget: 16 registers per thread (16384 slots, 384 clamped)
+    model = micro.logsoftmax_nll((64, 16000))
+    scheduled, plan = lower_stitch(model)
+    (group,) = plan.groups
+    logits = next(b for b in group.buffers if b.name == "logits")
+    assert (logits.level, logits.note) == (StorageLevel.REGISTER,
+                                           "16 element(s) of the row per thread")
+    (kernel,) = analyze(scheduled).kernels
+    assert kernel.traffic.buffers["logits"].read_bytes == 64 * (16384 + 1) * 4
+    assert verify.run_simt(scheduled, model).ok
 
 
 def test_schedule_failure_falls_back_to_tvm(monkeypatch: pytest.MonkeyPatch) -> None:

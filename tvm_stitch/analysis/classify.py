@@ -1,12 +1,16 @@
 """Telling compute-intensive PrimFuncs (matmul, convolution) from memory-intensive ones.
 
 A PrimFunc is a contraction when one of its reduction blocks accumulates the product of two
-loaded tensors, ``acc[...] = acc[...] + a[...] * b[...]``: TVM's ``matmul``, ``NT_matmul``,
-batched matmul, ``conv*d`` and dense all legalize to that shape, before and after dlight
-schedules them (through cache stages and rfactor). Squaring one value (``x[i] * x[i]`` in a
-sum of squares) and products of computed values (a variance's ``(x - m) * (x - m)``) are not
-contractions. Only blocks are inspected, so a hand-written PrimFunc without blocks counts as
-memory-intensive.
+loaded tensors, ``acc[...] = acc[...] + a[...] * b[...]``, and one of them is reused: its
+indices leave out a spatial iterator of the block (of extent > 1), so each of its elements
+meets several elements of the other (``A[i, k]`` in ``C[i, j] += A[i, k] * B[k, j]``). TVM's
+``matmul``, ``NT_matmul``, batched matmul, ``conv*d`` and dense all legalize to that shape,
+before and after dlight schedules them (through cache stages and rfactor). Not contractions:
+squaring one value (``x[i] * x[i]`` in a sum of squares), products of computed values (a
+variance's ``(x - m) * (x - m)``), and products of two tensors at the same element
+(``dgamma[j] += dy[i, j] * xhat[i, j]`` in a stitched LayerNorm backward), whose every loaded
+element is used once. Only blocks are inspected, so a hand-written PrimFunc without blocks
+counts as memory-intensive.
 """
 
 from __future__ import annotations
@@ -30,7 +34,15 @@ def _loaded(expr: tvm.ir.PrimExpr) -> tvm.ir.TensorLoad | None:
             return expr if isinstance(expr, tvm.ir.TensorLoad) else None
 
 
-def _is_accumulated_product(store: tirx.BufferStore) -> bool:
+def _reused(load: tvm.ir.TensorLoad, spatial: list[tirx.Var]) -> bool:
+    """Whether ``load`` leaves out one of the block's ``spatial`` iterators."""
+    used: list[tirx.Var] = []
+    for index in load.indices:
+        tvm_ffi.structural_walk(index, [(tirx.Var, used.append)])
+    return any(not any(v.same_as(u) for u in used) for v in spatial)
+
+
+def _is_accumulated_product(store: tirx.BufferStore, spatial: list[tirx.Var]) -> bool:
     value = store.value
     if not isinstance(value, tirx.Add):
         return False
@@ -47,15 +59,25 @@ def _is_accumulated_product(store: tirx.BufferStore) -> bool:
             continue
         if lhs.source.same_as(rhs.source) and tvm_ffi.structural_equal(lhs.indices, rhs.indices):
             continue  # x * x: a square, not a contraction
-        return True
+        if _reused(lhs, spatial) or _reused(rhs, spatial):
+            return True
     return False
 
 
 def is_contraction_block(block: s_tir.SBlock) -> bool:
-    """True for a reduction block whose update multiplies two loaded tensors."""
+    """True for a reduction block whose update multiplies two loaded tensors, one of them
+    reused across a spatial iterator of the block."""
     if not any(int(iv.iter_type) == tirx.IterVar.CommReduce for iv in block.iter_vars):
         return False
-    return isinstance(block.body, tirx.BufferStore) and _is_accumulated_product(block.body)
+    spatial = [iv.var for iv in block.iter_vars
+               if int(iv.iter_type) == tirx.IterVar.DataPar and not _unit(iv)]
+    return isinstance(block.body, tirx.BufferStore) \
+        and _is_accumulated_product(block.body, spatial)
+
+
+def _unit(iv: tirx.IterVar) -> bool:
+    extent = iv.dom.extent
+    return isinstance(extent, tirx.IntImm) and int(extent) == 1
 
 
 def has_contraction(func: tirx.PrimFunc) -> bool:

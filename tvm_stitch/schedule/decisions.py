@@ -16,7 +16,9 @@ Works on the fused PrimFunc of a group (FuseTIR's output), block by block:
   batch) is staged once per thread block, and each block then walks several rows in
   sequence (vertical packing) so that it is read once per block rather than once per row;
 - then the thread mapping, and the shared-memory budget: over it, inputs staged per row are
-  demoted to re-reads from global memory (largest first), then those staged per block, then
+  demoted (largest first) to registers, each thread holding the elements of the row it
+  reads (``REGISTER_ROW_ELEMENTS`` at most), else to re-reads from global memory; then
+  inputs staged per block are demoted, then
   packed rows are halved, then Regional intermediates are recomputed (inlined) instead; if it
   still does not fit the group needs Global stitching, which comes next, and falls back.
 """
@@ -77,6 +79,7 @@ from .rows import (
     access_rows,
     block_rows,
     error_summary,
+    reads_own_element,
     row_elements,
     rows_sharing,
 )
@@ -94,6 +97,7 @@ class _Staging:
     per_row: int
     note: str = ""
     block: str = ""  # writer block (for intermediates that may be recomputed)
+    own: bool = False  # (an input) every reader reads only the element it is at
 
     def bytes_for(self, rows_per_block: int) -> int:
         """Shared bytes for ``rows_per_block`` rows at a time."""
@@ -115,6 +119,7 @@ class _Decisions:
     regional: list[_Staging] = field(default_factory=list)
     results: list[_Staging] = field(default_factory=list)  # reduction results (registers)
     staged: list[_Staging] = field(default_factory=list)
+    held: list[_Staging] = field(default_factory=list)  # inputs held in registers
     block_shared: list[_BlockShared] = field(default_factory=list)
     global_reads: list[Buffer] = field(default_factory=list)
     demotions: list[str] = field(default_factory=list)
@@ -319,7 +324,9 @@ def _decide_rows(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: i
         mapping = row_mapping(rows, length, rows, max_threads, gpu)
     mapping = _fit_budget(sch, dec, mapping, budget)
     mapping = _pack_vertically(dec, mapping, gpu)
-    mapping = replace(mapping, vector=row_vector(mapping, max(_bytes(p) for p in func.params)))
+    if not dec.held:  # a vector would give a thread other elements than its registers hold
+        mapping = replace(mapping, vector=row_vector(mapping,
+                                                     max(_bytes(p) for p in func.params)))
     shared = _shared_bytes(dec, mapping)
     return replace(group, mapping=mapping, inlined=tuple(dec.inlined),
                    buffers=_buffers(dec, mapping, reused),
@@ -404,12 +411,16 @@ def _decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows:
                            f"than a quarter of {budget} B: needs tiles of columns")
     mapping = _fit_budget(sch, dec, mapping, room)
     roles = assign_roles(sch, rows)
+    most = max(_column_tile_options(roles, mapping.threads_per_block), default=1)
+    accumulators = {name: size // most + (mapping.threads_per_block * _bytes(
+        sch.get(sch.get_sblock(name)).writes[0].source) if most > 1 else 0)
+        for name, size in accumulators.items()}
     staged = _phase_inputs(sch, roles, rows, budget - _shared_bytes(dec, mapping)
                            - sum(accumulators.values()))
     shared = _shared_bytes(dec, mapping) + sum(accumulators.values()) \
         + sum(b.shared_bytes for b in staged)
     launch = _launch(gpu, mapping.threads_per_block, shared)
-    tiles = _row_tiles(rows, launch.wave, bool(roles.columns))
+    tiles, column_tiles = _tiles(roles, rows, mapping.threads_per_block, launch.wave)
     mapping = replace(mapping, row_steps=rows // tiles)
     for b in list(dec.block_shared):
         if b.span % mapping.row_steps:
@@ -417,7 +428,7 @@ def _decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows:
             dec.global_reads.append(Buffer(b.name, "input", StorageLevel.GLOBAL, 0,
                                            f"shared by runs of {b.span} rows, not by the "
                                            f"{mapping.row_steps} rows of a tile"))
-    phases = _phases(roles, tiles, mapping.threads_per_block)
+    phases = _phases(roles, tiles, mapping.threads_per_block, column_tiles)
     grid = min(launch.wave, max(p.tasks for p in phases))
     partials = tuple(
         Buffer(name, "partial", StorageLevel.GLOBAL, 0,
@@ -546,10 +557,44 @@ def _row_tiles(rows: int, wave: int, partial_sums: bool) -> int:
     return tiles
 
 
-def _phases(roles: Roles, tiles: int, threads: int) -> tuple[Phase, ...]:
-    """Row phases (``tiles`` tasks) and column phases (a task per ``threads`` columns), by
-    level; a column reduction is in the row phase of its partial sums and in the next column
-    phase, which combines them."""
+def _column_tile_options(roles: Roles, threads: int) -> list[int]:
+    """Column tiles per row tile, best first, when the row phases only accumulate column
+    reductions (no block needs whole rows) of one width: a task then takes a tile of its row
+    tile's columns rather than all of them, so that fewer, longer row tiles fill the GPU and
+    fewer rows of partial sums go through global memory. Warp-wide tiles (one reduction: the
+    block's warps take parts of the tile's rows, lanes, and add up their sums in shared
+    memory), or a column per thread."""
+    widths = set(roles.columns.values())
+    if roles.of_kind(ROW) or len(widths) != 1:
+        return []
+    width = widths.pop()
+    options = []
+    if len(roles.columns) == 1 and threads % WARP_SIZE == 0 and width % WARP_SIZE == 0 \
+            and width > WARP_SIZE:
+        options.append(width // WARP_SIZE)
+    if width % threads == 0 and width > threads:
+        options.append(width // threads)
+    return options
+
+
+def _tiles(roles: Roles, rows: int, threads: int, wave: int) -> tuple[int, int]:
+    """Row tiles and column tiles per row tile of the row phases: the first option of
+    ``_column_tile_options`` whose lanes (threads per tile column) divide the rows of a row
+    tile, with as many row tiles as then fit ``wave`` tasks; else no column tiles."""
+    partial_sums = bool(roles.columns)
+    for column_tiles in _column_tile_options(roles, threads):
+        tiles = _row_tiles(rows, wave // column_tiles, partial_sums)
+        width = next(iter(roles.columns.values())) // column_tiles
+        if (rows // tiles) % (threads // width) == 0:
+            return tiles, column_tiles
+    return _row_tiles(rows, wave, partial_sums), 1
+
+
+def _phases(roles: Roles, tiles: int, threads: int, column_tiles: int = 1
+            ) -> tuple[Phase, ...]:
+    """Row phases (``tiles`` tasks, times ``column_tiles``) and column phases (a task per
+    ``threads`` columns), by level; a column reduction is in the row phase of its partial
+    sums and in the next column phase, which combines them."""
     levels: dict[int, list[str]] = {}
     for name, kind in roles.kinds.items():
         level = roles.levels[name]
@@ -561,7 +606,8 @@ def _phases(roles: Roles, tiles: int, threads: int) -> tuple[Phase, ...]:
         names = tuple(levels[level])
         if level % 2 == 0:
             partials = tuple(n for n in names if roles.kinds[n] == COLUMN)
-            phases.append(Phase("rows", names, tiles, partials=partials))
+            phases.append(Phase("rows", names, tiles * column_tiles, partials=partials,
+                                column_tiles=column_tiles))
         else:
             width = max(roles.widths[n] for n in names)
             combines = tuple(n for n in names if n in roles.combines)
@@ -640,9 +686,10 @@ def _decide_staging(sch: s_tir.Schedule, func: tirx.PrimFunc, infos: dict[str, B
         span = min(rows_sharing(info, r) for info, r in regions)
         if kinds == {"aligned"} and span == 1:
             per_row = row_elements(param, rows)
+            own = all(reads_own_element(info, r, rows) for info, r in regions)
             if sites >= 2:
                 dec.staged.append(_Staging(param.name, "input", per_row * _bytes(param),
-                                           f"read at {sites} places in the row"))
+                                           f"read at {sites} places in the row", own=own))
             elif any(info.elements > per_row for info, _ in regions):
                 dec.staged.append(_Staging(param.name, "input", per_row * _bytes(param),
                                            "broadcast over the row: read once per row"))
@@ -712,12 +759,21 @@ def _shared_bytes(dec: _Decisions, mapping: ThreadMapping) -> int:
 
 def _fit_budget(sch: s_tir.Schedule, dec: _Decisions, mapping: ThreadMapping,
                 budget: int) -> ThreadMapping:
-    """Demote staging one buffer at a time until the block's shared memory fits ``budget``."""
+    """Demote staging one buffer at a time until the block's shared memory fits ``budget``;
+    an input staged per row whose readers read only their own elements goes to registers
+    when each thread holds few enough of them (``registers``), else to global memory."""
     while _shared_bytes(dec, mapping) > budget:
         used = _shared_bytes(dec, mapping)
         if dec.staged:
             victim = max(dec.staged, key=lambda s: s.bytes_for(mapping.rows_per_block))
             dec.staged.remove(victim)
+            slots = _register_slots(victim, mapping, sch)
+            if victim.own and slots <= REGISTER_ROW_ELEMENTS:
+                dec.held.append(replace(victim, note=f"{slots} element(s) of the row per "
+                                                     "thread"))
+                dec.demotions.append(f"input {victim.name} held in registers ({used} B of "
+                                     f"shared memory > {budget} B)")
+                continue
             dec.global_reads.append(Buffer(victim.name, "input", StorageLevel.GLOBAL, 0,
                                            "demoted: re-read from global memory"))
             dec.demotions.append(f"input {victim.name} re-read from global memory "
@@ -753,6 +809,18 @@ def _fit_budget(sch: s_tir.Schedule, dec: _Decisions, mapping: ThreadMapping,
     return mapping
 
 
+REGISTER_ROW_ELEMENTS = 32
+"""Most elements of a row one thread holds in registers (an input that does not fit in shared
+memory): 32 of the 64 registers a thread of a 1024-thread block may use at full occupancy."""
+
+
+def _register_slots(staging: _Staging, mapping: ThreadMapping, sch: s_tir.Schedule) -> int:
+    """Elements of its row each thread would hold of the input ``staging`` kept in registers:
+    each of ``threads_per_row`` threads takes one element per step."""
+    param = next(p for p in sch.mod["main"].params if p.name == staging.name)
+    return -(-staging.per_row // _bytes(param) // mapping.threads_per_row)
+
+
 def _buffers(dec: _Decisions, mapping: ThreadMapping, reused: list[str]) -> tuple[Buffer, ...]:
     rpb = mapping.rows_per_block
     out: list[Buffer] = []
@@ -764,7 +832,7 @@ def _buffers(dec: _Decisions, mapping: ThreadMapping, reused: list[str]) -> tupl
     for s in dec.regional + dec.staged:
         out.append(Buffer(s.name, s.role, StorageLevel.SHARED, s.bytes_for(rpb), s.note,
                           s.block))
-    for s in dec.results:
+    for s in dec.results + dec.held:
         out.append(Buffer(s.name, s.role, StorageLevel.REGISTER, 0, s.note, s.block))
     rows = mapping.rows_per_block * mapping.row_steps
     for b in dec.block_shared:

@@ -12,9 +12,12 @@ barriers between phases), reductions become cross-thread reductions over threadI
 A Global group (``Group.phases``) is scheduled phase by phase, each phase a launch nest of
 its own: a row phase maps its row tiles as above and accumulates every column reduction it
 feeds in a shared-memory partial sum per tile (``rfactor`` over the tiles), written out at
-the end of the tile; a column phase sums those partials, a thread per column, and computes
-what depends on them. ``kernel`` then makes the nests one persistent kernel with grid
-barriers between them (``persistent``) and applies the launch bounds of the plan.
+the end of the tile (a row phase of column reductions alone takes a tile of the columns
+per task, a column per thread or, narrower than the block, a column per thread of each of
+its lanes, whose sums it adds up first); a column phase sums those partials, a thread per
+column, and computes what depends on them. ``kernel`` then makes the nests one persistent
+kernel with grid barriers between them (``persistent``) and applies the launch bounds of the
+plan.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from .persistent import (
     with_root,
 )
 from .phases import normalise_column
+from .registers import hold_inputs
 from .rows import Unstitchable, iters_of, row_element_map
 from .task_split import split_rows
 
@@ -104,6 +108,7 @@ def emit(func: tirx.PrimFunc, group: Group) -> s_tir.Schedule:
         _map_rows(sch, group.mapping, group.mapping.rows, block_caches)
         if group.mapping.rows_expr and group.mapping.rows_per_block > 1:
             _index_rows_in_block(sch, group.mapping.rows_per_block)
+        sch = hold_inputs(sch, group)
     return sch
 
 
@@ -312,11 +317,11 @@ def _emit_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group) -> s_ti
             _map_row_phase(sch, mapping,
                            names - {n for c in mine for n in partials[c]} - set(block_caches),
                            [partials[c][0] for c in mine], [partials[c][1] for c in mine],
-                           caches, per_row)
+                           caches, per_row, phase.column_tiles)
         else:
             _map_column_phase(sch, mapping.threads_per_block, list(phase.combines),
                               [n for n in phase.blocks if n not in phase.combines])
-    return sch
+    return hold_inputs(sch, group)
 
 
 def _stage_phase_input(sch: s_tir.Schedule, names: set[str], buffer_name: str) -> SBlockRV:
@@ -385,21 +390,31 @@ def _reorder_by_phase(sch: s_tir.Schedule, phase_of: dict[str, int], last: set[s
 
 def _map_row_phase(sch: s_tir.Schedule, mapping: ThreadMapping, names: set[str],
                    accumulators: list[str], write_outs: list[str], caches: list[SBlockRV],
-                   row_caches: list[SBlockRV]) -> None:
+                   row_caches: list[SBlockRV], column_tiles: int = 1) -> None:
     """A row phase: its row blocks (``names``) mapped as ``_map_rows`` does with one row per
     block at a time, inputs staged once per tile (``caches``) before its rows and once per
     row (``row_caches``) at each row; each column reduction's partial sum (``accumulators``,
     loops: tile, step, column) accumulated at the step loop and written out after the
-    tile."""
+    tile. With ``column_tiles``, a task is a row tile's column tile, a column per thread."""
+    if column_tiles > 1 and len(accumulators) == 1 and not (names or caches or row_caches) \
+            and _lanes(sch, accumulators[0], column_tiles, mapping) > 1:
+        _map_lanes(sch, mapping, accumulators[0], write_outs[0], column_tiles)
+        return
     flatten_rows(sch, mapping.rows, [], only=names)
     sinks, others = _sinks(sch, names | set(accumulators))
     heads, steps, bindings = [], [], []
     for block in sinks:
         if name_of(sch, block) in accumulators:
             tile, step, column = sch.get_loops(block)
-            heads.append(tile)
+            if column_tiles > 1:
+                column_tile, thread = sch.split(column, [column_tiles, None])
+                sch.reorder(column_tile, step)
+                heads.append(sch.fuse(tile, column_tile))
+                bindings.append((None, thread))
+            else:
+                heads.append(tile)
+                bindings.append((None, _thread_loop(sch, column, mapping)))
             steps.append(step)
-            bindings.append((None, _thread_loop(sch, column, mapping)))
             continue
         row, elem = _two_loops(sch, block)
         outer, step, row_in_block = sch.split(row, [None, mapping.row_steps, 1])
@@ -430,6 +445,44 @@ def _map_row_phase(sch: s_tir.Schedule, mapping: ThreadMapping, names: set[str],
         block = sch.get_sblock(name)
         sch.reverse_compute_at(block, bx, preserve_unit_loops=True)
         _bind_tile_loops(sch, block, mapping)
+
+
+def _lanes(sch: s_tir.Schedule, accumulator: str, column_tiles: int,
+           mapping: ThreadMapping) -> int:
+    """Threads per column of a column tile of ``accumulator`` (loops: tile, step, column)."""
+    column = sch.get_loops(sch.get_sblock(accumulator))[2]
+    return mapping.threads_per_block * column_tiles // int(sch.get(column).extent)
+
+
+def _map_lanes(sch: s_tir.Schedule, mapping: ThreadMapping, accumulator: str,
+               write_out: str, column_tiles: int) -> None:
+    """A row phase that only accumulates one column reduction (loops: tile, step, column)
+    over column tiles narrower than the block: a task per (row tile, column tile), each
+    thread on a column of the tile and a part of the tile's rows (its lane); the lanes' sums
+    (in shared memory) are then added up per column before the tile's partial sums are
+    written out."""
+    lanes = _lanes(sch, accumulator, column_tiles, mapping)
+    block = sch.get_sblock(accumulator)
+    _, step, column = sch.get_loops(block)
+    sch.split(column, [column_tiles, None])
+    lane, _ = sch.split(step, [lanes, None])
+    per_lane = sch.rfactor(lane, 0)
+    sch.set_scope(per_lane, 0, SHARED)
+    tile, lane, step, column_tile, thread = sch.get_loops(per_lane)
+    sch.reorder(column_tile, lane, thread, step)
+    bx = sch.fuse(tile, column_tile)
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(sch.fuse(lane, thread), "threadIdx.x")
+    # the sums of the lanes and their write-out placed before any split over the threads:
+    # each then covers exactly the tile's columns (a split's guard is not part of a region)
+    out = sch.get_sblock(write_out)
+    sch.reverse_compute_at(block, bx, preserve_unit_loops=True)
+    sch.reverse_compute_at(out, bx, preserve_unit_loops=True)
+    *_, lane, column = sch.get_loops(block)
+    sch.reorder(column, lane)
+    sch.bind(_thread_loop(sch, column, mapping), "threadIdx.x")
+    _bind_tile_loops(sch, out, mapping)
+    sch.decompose_reduction(per_lane, step)
 
 
 def _bind_tile_loops(sch: s_tir.Schedule, block: SBlockRV, mapping: ThreadMapping) -> None:

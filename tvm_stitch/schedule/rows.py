@@ -173,6 +173,32 @@ def access_rows(info: BlockRows, region: tvm.ir.TensorRegion, rows: int) -> str:
     return "aligned"
 
 
+def reads_own_element(info: BlockRows, region: tvm.ir.TensorRegion, rows: int) -> bool:
+    """Whether the access reads, in its own row, exactly the element the block is at (both
+    counted row-major), as ``x[i, k]`` in a block over ``(i, k)`` does: a thread that walks
+    the block's elements then reads only those."""
+    shape = shape_values(region.source.shape)
+    kb = prefix_split(shape, rows) if shape is not None else None
+    if not kb or access_rows(info, region, rows) != "aligned" \
+            or prod(shape[kb:]) != info.elements:
+        return False
+    dims = list(region.region)[kb:]
+    ana = Analyzer()
+    for it in info.iters:
+        ana.bind(it.var, tvm.ir.Range(tirx.IntImm(it.var.ty.dtype, 0),
+                                      it.size.astype(it.var.ty.dtype)))
+    if not all(ana.can_prove_equal(r.extent, 1) for r in dims):
+        return False
+    theirs = _row_index([r.min for r in dims], list(region.source.shape)[kb:])
+    mine = _row_index([i.var for i in info.element_iters],
+                      [i.size for i in info.element_iters])
+    if theirs is None or mine is None:
+        return theirs is mine
+    if theirs.ty.dtype != mine.ty.dtype:
+        theirs = tirx.Cast(str(mine.ty.dtype), theirs)
+    return ana.can_prove_equal(theirs, mine)
+
+
 def rows_sharing(info: BlockRows, region: tvm.ir.TensorRegion) -> int:
     """How many consecutive rows (in aligned runs) read the same data through this access:
     all of them for data that does not depend on the row (a bias), the product of the inner
