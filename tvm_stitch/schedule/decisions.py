@@ -60,7 +60,7 @@ from .mapping import (
     row_vector,
     with_rows_per_block,
 )
-from .occupancy import device_of, kernel_shared_bytes, launch_config
+from .occupancy import cached_elements_cap, device_of, kernel_shared_bytes, launch_config
 from .phases import (
     COLUMN,
     COLUMN_SPACE,
@@ -328,11 +328,17 @@ def _decide_rows(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: i
         mapping = replace(mapping, vector=row_vector(mapping,
                                                      max(_bytes(p) for p in func.params)))
     shared = _shared_bytes(dec, mapping)
+    launch = _launch(gpu, mapping.threads_per_block, shared, _grid(mapping))
+    reread, per_row = _register_cache(sch, func, dec, mapping)
+    if per_row > cached_elements_cap(launch):
+        raise Unstitchable(f"each thread would keep {per_row} elements of the inputs it "
+                           f"re-reads ({', '.join(reread)}) in registers, more than "
+                           f"{_cap_text(launch)}: rows of {length} need more threads than "
+                           "a block has")
     return replace(group, mapping=mapping, inlined=tuple(dec.inlined),
                    buffers=_buffers(dec, mapping, reused),
                    shared_bytes=shared, shared_budget=budget,
-                   demotions=tuple(dec.demotions),
-                   launch=_launch(gpu, mapping.threads_per_block, shared, _grid(mapping)))
+                   demotions=tuple(dec.demotions), launch=launch)
 
 
 SPLIT_THREADS = 512
@@ -421,6 +427,19 @@ def _decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows:
         + sum(b.shared_bytes for b in staged)
     launch = _launch(gpu, mapping.threads_per_block, shared)
     tiles, column_tiles = _tiles(roles, rows, mapping.threads_per_block, launch.wave)
+    reread, per_row = _register_cache(sch, func, dec, mapping)
+    cap = cached_elements_cap(launch)
+    if per_row > cap:
+        raise Unstitchable(f"each thread would keep {per_row} elements of the inputs it "
+                           f"re-reads ({', '.join(reread)}) in registers per row, more than "
+                           f"{_cap_text(launch)}")
+    if rows // tiles * per_row > cap:
+        capped = _capped_tiles(rows, launch.wave, cap // per_row)
+        dec.demotions.append(f"row tiles {tiles} -> {capped}: a tile of {rows // tiles} rows "
+                             f"would keep {rows // tiles * per_row} elements of the inputs "
+                             f"each thread re-reads ({', '.join(reread)}) in registers, "
+                             f"more than {_cap_text(launch)}")
+        tiles, column_tiles = capped, 1
     mapping = replace(mapping, row_steps=rows // tiles)
     for b in list(dec.block_shared):
         if b.span % mapping.row_steps:
@@ -555,6 +574,35 @@ def _row_tiles(rows: int, wave: int, partial_sums: bool) -> int:
         raise Unstitchable(f"{rows} rows do not split into about one wave of {most} tiles "
                            f"(at most {tiles})")
     return tiles
+
+
+def _capped_tiles(rows: int, wave: int, max_steps: int) -> int:
+    """The fewest row tiles (a divisor of ``rows``) of at most ``max_steps`` rows each;
+    raises Unstitchable when that takes more tiles than one ``wave`` of blocks."""
+    tiles = min(d for d in divisors(rows) if rows // d <= max_steps)
+    if tiles > wave:
+        raise Unstitchable(f"{rows} rows need {tiles} row tiles of at most {max_steps} rows "
+                           f"(registers), more than one wave of {wave} blocks")
+    return tiles
+
+
+def _register_cache(sch: s_tir.Schedule, func: tirx.PrimFunc, dec: _Decisions,
+                    mapping: ThreadMapping) -> tuple[list[str], int]:
+    """The inputs that several blocks read from global memory, and how many of their
+    elements one thread then keeps in registers per row of its block: nvcc fully unrolls a
+    thread's loops over its elements and holds an input it reads again from the first read
+    to the last (``occupancy.REGISTERS_PER_CACHED_ELEMENT``)."""
+    on_chip = {s.name for s in dec.staged} | {b.name for b in dec.block_shared}
+    written = {p.name for p in written_params(func, sch)}
+    reread = [p.name for p in func.params
+              if p.name not in on_chip | written and len(readers(sch, p)) > 1]
+    per_thread = -(-mapping.row_length // mapping.threads_per_row)
+    return reread, per_thread * len(reread)
+
+
+def _cap_text(launch: Launch) -> str:
+    return (f"{cached_elements_cap(launch)} (half of the {launch.max_registers} registers a "
+            f"thread of {launch.threads} may use)")
 
 
 def _column_tile_options(roles: Roles, threads: int) -> list[int]:

@@ -84,6 +84,21 @@ def max_registers(gpu: GPU, threads: int, blocks: int) -> int:
                granules * gpu.register_granularity // gpu.warp_size)
 
 
+REGISTERS_PER_CACHED_ELEMENT = 2
+"""Registers a thread budgets per element of a re-read input: nvcc fully unrolls a thread's
+loops over its row elements, and an input read again in a later loop (a later phase, or a
+second output over the same row) then stays in registers from its first read to its last;
+half of the register cap for those values leaves the other half for addresses, accumulators
+and temporaries."""
+
+
+def cached_elements_cap(launch: Launch) -> int:
+    """Most elements of re-read inputs one thread of ``launch`` may keep in registers
+    without spilling: its register cap (``max_registers``, the launch bound's) over
+    ``REGISTERS_PER_CACHED_ELEMENT``."""
+    return launch.max_registers // REGISTERS_PER_CACHED_ELEMENT
+
+
 SHARED_ALIGNMENT = 64
 """TVM's CUDA code generator declares every shared array ``alignas(64)``."""
 
@@ -119,5 +134,6 @@ def launch_config(gpu: GPU, threads: int, shared_bytes: int, grid: int = 0,
                   gpu.sms, grid)
 
 
-__all__ = ["ASSUMED_REGISTERS", "SIMT_DEVICE", "blocks_per_sm", "device_of",
-           "kernel_shared_bytes", "launch_config", "max_registers"]
+__all__ = ["ASSUMED_REGISTERS", "REGISTERS_PER_CACHED_ELEMENT", "SIMT_DEVICE", "blocks_per_sm",
+           "cached_elements_cap", "device_of", "kernel_shared_bytes", "launch_config",
+           "max_registers"]

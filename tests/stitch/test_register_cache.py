@@ -1,0 +1,66 @@
+"""The cap on re-read input elements a thread keeps in registers (``cached_elements_cap``):
+nvcc unrolls a thread's loops over its row elements and holds an input that a later loop
+reads again in registers, so past the cap a Global group walks fewer rows per tile and a row
+group falls back with the reason, rather than spilling."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+from stitch_helpers import assert_matches, lower_stitch, reference, run_simt
+
+from tvm_stitch.analysis import gpu_of_arch
+from tvm_stitch.schedule.occupancy import (
+    REGISTERS_PER_CACHED_ELEMENT,
+    cached_elements_cap,
+    launch_config,
+)
+from tvm_stitch.workloads import inputs as make_inputs
+
+
+def _model(nodes: list, shape: list[int], outputs: list[str],
+           initializers: tuple = ()) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, shape) for o in outputs],
+        initializer=list(initializers))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_cap_is_a_share_of_the_launch_bound_registers() -> None:
+    h200 = gpu_of_arch("sm_90")
+    full = launch_config(h200, 1024, 0)
+    assert full.max_registers == 64
+    assert cached_elements_cap(full) == 64 // REGISTERS_PER_CACHED_ELEMENT == 32
+    small = launch_config(h200, 64, 512)
+    assert cached_elements_cap(small) == small.max_registers // REGISTERS_PER_CACHED_ELEMENT
+
+
+def test_column_softmax_takes_more_row_tiles_than_the_cap_allows_rows() -> None:
+    # fuzz case g125: a softmax down the 31 rows of each column re-reads the column in three
+    # phases; one tile of 31 rows would keep 31 elements per thread, over 48 / 2 registers
+    model = _model([helper.make_node("LogSoftmax", ["x"], ["y"], axis=0)], [31, 64], ["y"])
+    scheduled, plan = lower_stitch(model)
+    (group,) = plan.groups
+    assert group.mapping.row_steps <= cached_elements_cap(group.launch) < 31
+    assert any(d.startswith("row tiles 1 -> 31") for d in group.demotions), group.demotions
+    feeds = make_inputs(model, 0)
+    assert_matches(run_simt(model, scheduled, feeds), reference(model, feeds))
+
+
+def test_row_group_over_the_cap_falls_back_with_the_reason() -> None:
+    # fuzz case g173's shape: layer norm over rows of 32768 written out and read again (Abs),
+    # so the input, scale and bias are each read by two loops: 3 x 32 elements per thread of
+    # a 1024-thread block, over its cap of 32
+    rows, length = 132, 32768
+    scale = numpy_helper.from_array(np.ones(length, np.float32), "scale")
+    bias = numpy_helper.from_array(np.zeros(length, np.float32), "bias")
+    model = _model([helper.make_node("LayerNormalization", ["x", "scale", "bias"], ["n"],
+                                     axis=-1),
+                    helper.make_node("Abs", ["n"], ["a"])],
+                   [rows, length], ["n", "a"], (scale, bias))
+    _, plan = lower_stitch(model)
+    reasons = [f.reason for f in plan.fallbacks]
+    assert any("elements of the inputs it re-reads" in r and "more than 32" in r
+               for r in reasons), reasons
