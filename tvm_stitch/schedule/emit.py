@@ -287,8 +287,10 @@ def _aligned_vectors(block: s_tir.stmt.SBlock, vector: int) -> bool:
     """Whether every vector of ``vector`` consecutive values of ``block``'s innermost
     iterator is a whole aligned vector of every buffer access that moves with it: that
     iterator's extent divides into vectors, and at a multiple of ``vector`` each such access
-    is at a multiple of ``vector`` elements of its buffer (TVM's CUDA code casts a vector
-    access to ``float4*`` and the like without checking)."""
+    is at a multiple of ``vector`` elements of its buffer. TVM's CUDA code reads a vector it
+    cannot prove aligned lane by lane, each thread on ``vector`` consecutive elements: a
+    warp's load then spans ``vector`` times the cache lines it uses, where a scalar block
+    keeps consecutive threads on consecutive elements."""
     inner = block.iter_vars[-1]
     extent = inner.dom.extent
     if not isinstance(extent, tirx.IntImm) or int(extent) % vector:
