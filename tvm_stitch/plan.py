@@ -97,14 +97,14 @@ class ThreadMapping:
         rows = f"{self.rows_expr} (symbolic)" if self.rows_expr else str(self.rows)
         blocks = (f"ceil({self.rows_expr} / {self.rows_per_grid_block}) blocks at run time"
                   if self.rows_expr else f"{self.blocks} blocks")
+        vector = f", {self.vector} elements per access" if self.vector > 1 else ""
         if self.kind is MappingKind.FLAT:
-            vector = f", {self.vector} elements per access" if self.vector > 1 else ""
             return (f"flat: {rows} elements, {self.rows_per_block} threads per block"
                     f"{vector}, {blocks}")
         steps = f", {self.row_steps} rows in sequence" if self.row_steps > 1 else ""
         return (f"{self.kind.value}: {rows} rows x {self.row_length}, "
                 f"{self.rows_per_block} row(s) x {self.threads_per_row} threads per block"
-                f"{steps}, {blocks}")
+                f"{steps}{vector}, {blocks}")
 
 
 @dataclass(frozen=True)

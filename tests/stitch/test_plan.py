@@ -38,7 +38,8 @@ def test_layer_norm_softmax_add_is_one_group_with_two_dominants() -> None:
         Edge("lv:layer_norm", "lv1:softmax", Scheme.REGIONAL),
         Edge("lv1:softmax", "gv:add", Scheme.LOCAL),
     )
-    assert group.mapping == ThreadMapping(MappingKind.BLOCK_PER_ROW, 16, 64, 1, 64)
+    # float4 accesses: 16 vectors of a row over its 64 threads
+    assert group.mapping == ThreadMapping(MappingKind.BLOCK_PER_ROW, 16, 64, 1, 64, vector=4)
     assert set(group.inlined) == {"T_softmax_norm", "x_mean"}
     shared = {b.name: b for b in group.staged}
     # the input row is staged once; the LN output and exp() are Regional intermediates

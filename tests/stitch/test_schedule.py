@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import stitch_patterns as patterns
@@ -22,11 +24,12 @@ from tvm.script import tirx as T
 import tvm_stitch.schedule.decisions as decide_module
 from tvm_stitch import verify, workloads
 from tvm_stitch.analysis import analyze
+from tvm_stitch.lowering import lower
 from tvm_stitch.plan import MappingKind, StorageLevel
 from tvm_stitch.schedule.mapping import DEFAULT_GPU, flat_mapping, row_mapping
 from tvm_stitch.schedule.rule import default_rules, host_code, one_thread_kernels, schedule_func
 from tvm_stitch.simt import SimtFunction
-from tvm_stitch.target import DEFAULT_TARGET, parse_target
+from tvm_stitch.target import DEFAULT_TARGET, cuda_target, parse_target
 from tvm_stitch.testing.resources import check_resources
 from tvm_stitch.workloads import micro
 
@@ -190,6 +193,55 @@ def test_reshaped_values_kept_in_registers_are_not_vectorised() -> None:
     assert any(b.level is StorageLevel.REGISTER for b in group.buffers)
     assert analyze(scheduled).traffic_ratio == pytest.approx(1.5)  # x read twice, not staged
     inputs = {"x": np.random.default_rng(0).standard_normal((64, 4096)).astype("float32")}
+    assert_matches(run_simt(model, scheduled, inputs), reference(model, inputs))
+
+
+def _cuda_source(scheduled: tvm.IRModule) -> str:
+    return "\n".join(lower(func, name, cuda_target("sm_90")).source()
+                     for name, func in stitched_functions(scheduled).items())
+
+
+def _global_float4_stores(source: str) -> list[str]:
+    return [name for name in re.findall(r"\*\(float4\*\)\((\w+)_ptr \+ [^;]*\) = ", source)
+            if not name.endswith("_shared")]
+
+
+@pytest.mark.parametrize("pattern", [patterns.softmax, patterns.layer_norm, patterns.rms_norm])
+@pytest.mark.parametrize("length", [64, 768])  # 768 over 1024 threads: 192 vectors, the
+def test_row_kernels_load_and_store_float4(pattern, length: int) -> None:  # rest idle
+    model, inputs = pattern(16, length)
+    scheduled, plan = lower_stitch(model)
+    (group,) = plan.groups
+    assert group.mapping.vector == 4 and "4 elements per access" in str(group.mapping)
+    source = _cuda_source(scheduled)
+    assert "*(float4*)(x_ptr + " in source
+    assert _global_float4_stores(source)
+    assert_matches(run_simt(model, scheduled, inputs), reference(model, inputs))
+
+
+def test_odd_rows_and_misaligned_accesses_stay_scalar() -> None:
+    model, inputs = patterns.softmax(16, 255)
+    scheduled, plan = lower_stitch(model)
+    assert plan.groups[0].mapping.vector == 1
+    assert not re.search(r"\(float[24]\*\)", _cuda_source(scheduled))
+    assert_matches(run_simt(model, scheduled, inputs), reference(model, inputs))
+    # the row starts aligned but is read from its second element on: that read stays
+    # scalar, a thread per element, the rest of the kernel (shared memory, the output) takes float4
+    bounds = [numpy_helper.from_array(np.array([v], np.int64), n)
+              for n, v in (("starts", 1), ("ends", 65), ("axes", 1))]
+    nodes = [helper.make_node("Slice", ["x", "starts", "ends", "axes"], ["s"]),
+             helper.make_node("Softmax", ["s"], ["y"], axis=-1)]
+    graph = helper.make_graph(
+        nodes, "sliced", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, 68])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16, 64])], bounds)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    scheduled, plan = lower_stitch(model)
+    assert plan.groups[0].mapping.vector == 4
+    source = _cuda_source(scheduled)
+    assert "x_ptr[" in source and "(float4*)(x_ptr" not in source
+    assert "make_float4(x_ptr[" not in source  # not a vector read lane by lane
+    assert _global_float4_stores(source)
+    inputs = {"x": np.random.default_rng(0).standard_normal((16, 68)).astype("float32")}
     assert_matches(run_simt(model, scheduled, inputs), reference(model, inputs))
 
 

@@ -24,8 +24,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import tvm
+import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.schedule import LoopRV, SBlockRV
+from tvm.sym import Analyzer
 
 from ..plan import Group, MappingKind, Phase, ThreadMapping
 from ..symbolic import dim_value, is_symbolic
@@ -224,8 +227,9 @@ def _map_rows(sch: s_tir.Schedule, mapping: ThreadMapping, rows: int,
         sch.compute_at(block, bx, preserve_unit_loops=True)
         loops = sch.get_loops(block)[1:]
         fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-        _, row_in_block, thread = sch.split(
-            fused, [None, mapping.rows_per_block, mapping.threads_per_row])
+        _, row_in_block, thread = _split_vectors(
+            sch, block, fused, [None, mapping.rows_per_block, mapping.threads_per_row],
+            mapping.vector)
         _bind_threads(sch, mapping, row_in_block, thread)
 
 
@@ -255,18 +259,70 @@ def _two_loops(sch: s_tir.Schedule, block: SBlockRV) -> tuple[LoopRV, LoopRV]:
 
 def _element_loop(sch: s_tir.Schedule, block: SBlockRV, elem: LoopRV,
                   mapping: ThreadMapping) -> LoopRV:
-    """The thread loop of a row block's element loop: ``vector`` consecutive elements per
-    thread at once (vectorised) for a block without reduction over whole rows of a mapping
-    that allows it, else ``_thread_loop``; returns the thread loop."""
-    spatial = all(int(iv.iter_type) == tirx.IterVar.DataPar for iv in sch.get(block).iter_vars)
-    extent = sch.get(elem).extent
-    if mapping.vector == 1 or not spatial or not isinstance(extent, tirx.IntImm) \
-            or int(extent) % (mapping.threads_per_row * mapping.vector):
-        return _thread_loop(sch, elem, mapping)
-    serial, thread, lane = sch.split(elem, [None, mapping.threads_per_row, mapping.vector])
-    sch.reorder(thread, serial, lane)
-    sch.vectorize(lane)
+    """The thread loop of a row block's element loop, the thread loop outside (consecutive
+    threads take consecutive elements, or vectors of ``mapping.vector`` elements where
+    ``_split_vectors`` allows them); returns the thread loop."""
+    serial, thread = _split_vectors(sch, block, elem, [None, mapping.threads_per_row],
+                                    mapping.vector)
+    sch.reorder(thread, serial)
     return thread
+
+
+def _split_vectors(sch: s_tir.Schedule, block: SBlockRV, loop: LoopRV,
+                   factors: list[int | None], vector: int) -> list[LoopRV]:
+    """Split ``loop`` of ``block`` by ``factors`` and, when the block does not reduce, the
+    loop divides into vectors and ``_aligned_vectors`` holds, by ``vector`` lanes more
+    (vectorised: one access per vector); returns the loops of ``factors``."""
+    spatial = all(int(iv.iter_type) == tirx.IterVar.DataPar for iv in sch.get(block).iter_vars)
+    extent = sch.get(loop).extent
+    if vector == 1 or not spatial or not isinstance(extent, tirx.IntImm) \
+            or int(extent) % vector or not _aligned_vectors(sch.get(block), vector):
+        return sch.split(loop, factors)
+    *loops, lane = sch.split(loop, [*factors, vector])
+    sch.vectorize(lane)
+    return loops
+
+
+def _aligned_vectors(block: s_tir.stmt.SBlock, vector: int) -> bool:
+    """Whether every vector of ``vector`` consecutive values of ``block``'s innermost
+    iterator is a whole aligned vector of every buffer access that moves with it: that
+    iterator's extent divides into vectors, and at a multiple of ``vector`` each such access
+    is at a multiple of ``vector`` elements of its buffer. TVM's CUDA code reads a vector it
+    cannot prove aligned lane by lane, each thread on ``vector`` consecutive elements: a
+    warp's load then spans ``vector`` times the cache lines it uses, where a scalar block
+    keeps consecutive threads on consecutive elements."""
+    inner = block.iter_vars[-1]
+    extent = inner.dom.extent
+    if not isinstance(extent, tirx.IntImm) or int(extent) % vector:
+        return False
+    step = tvm.ir.Var("vector_index", inner.var.ty.dtype)
+    at_vector = step * tirx.IntImm(str(inner.var.ty.dtype), vector)
+    ana = Analyzer()
+    for region in (*block.reads, *block.writes):
+        index = _flat_index(region)
+        moved = tvm_ffi.structural_map(
+            index, [(tvm.ir.Var, lambda v: at_vector if v.same_as(inner.var) else v)])
+        if moved.same_as(index):  # the same element for every lane: a broadcast
+            continue
+        found = ana.modular_set(moved)
+        if found.coeff % vector or found.base % vector:
+            return False
+    return True
+
+
+def _flat_index(region: tvm.ir.TensorRegion) -> tvm.ir.PrimExpr:
+    """The element offset of a region's first element in its buffer's memory."""
+    buffer = region.source
+    strides = list(buffer.strides)
+    if not strides:
+        stride, strides = 1, []
+        for dim in reversed(list(buffer.shape)):
+            strides.insert(0, stride)
+            stride = dim * stride
+    index = buffer.elem_offset
+    for r, stride in zip(region.region, strides, strict=True):
+        index = index + r.min * stride
+    return index
 
 
 def _thread_loop(sch: s_tir.Schedule, elem: LoopRV, mapping: ThreadMapping) -> LoopRV:

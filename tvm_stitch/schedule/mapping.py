@@ -119,11 +119,12 @@ def flat_mapping(elements: int, max_threads: int = MAX_THREADS_PER_BLOCK,
 
 
 def row_vector(mapping: ThreadMapping, element_bytes: int) -> int:
-    """Elements per access of the element-wise blocks of a row mapping: as wide as
-    ``VECTOR_BYTES`` allows when the row's threads cover it in whole vectors (every row then
-    starts aligned to a vector), else 1."""
+    """Elements per access of the element-wise blocks of a row mapping: the widest vector
+    ``VECTOR_BYTES`` allows that divides the row (every row then starts aligned to a vector),
+    else 1. Where the row's threads do not cover it in whole vectors, the last step's threads
+    past the row's end are idle."""
     vector = max(1, VECTOR_BYTES // element_bytes)
-    while vector > 1 and mapping.row_length % (mapping.threads_per_row * vector):
+    while vector > 1 and mapping.row_length % vector:
         vector //= 2
     return vector
 
