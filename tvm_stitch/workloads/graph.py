@@ -88,9 +88,11 @@ class GraphBuilder:
         graph = helper.make_graph(
             self._nodes, self.name, self._inputs, outs, self._initializers, doc_string=doc
         )
-        model = helper.make_model(
-            graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="tvm-stitch"
-        )
+        opsets = [helper.make_opsetid("", OPSET)]
+        # the oldest IR version that has the opset, not the onnx package's newest: runtimes
+        # that lag behind the package (onnxruntime on a GPU machine) still load the model
+        model = helper.make_model(graph, opset_imports=opsets, producer_name="tvm-stitch",
+                                  ir_version=helper.find_min_ir_version_for(opsets))
         model = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
         onnx.checker.check_model(model, full_check=True)
         set_input_dists(model, self._dists)
