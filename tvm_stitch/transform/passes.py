@@ -1,6 +1,8 @@
 """The fusion and scheduling passes of the "stitch" flow.
 
-SplitToSlices (each part of a split is a slice, which stitches with its readers), the same
+SplitToSlices (each part of a split is a slice, which stitches with its readers), ExactPower
+(``power`` by a small integer is multiplications: TVM's fast-math CUDA ``powf`` is NaN for
+negative bases), the same
 passes as TVM's default CUDA legalization (LegalizeOps, AnnotateTIROpPattern, FoldConstant),
 then StitchFuse in place of FuseOps + FuseTIR, then StitchSchedule in place of
 dlight's ApplyDefaultSchedule.
@@ -13,6 +15,7 @@ from tvm import relax
 from tvm.target import Target
 
 from ..schedule.rule import StitchSchedule
+from .exact_power import ExactPower
 from .split_slices import SplitToSlices
 from .stitch_fuse import StitchFuse
 
@@ -21,6 +24,7 @@ def fusion_passes(target: Target) -> list[tvm.transform.Pass]:
     """Split rewriting, legalization, stitch fusion and scheduling for ``target``."""
     return [
         SplitToSlices(),
+        ExactPower(),
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
