@@ -64,10 +64,20 @@ def _opencl_math_names(source: str) -> str:
     return _C_FLOAT_CALL.sub(r"\1(", source)
 
 
+BUILD_OPTIONS = ("-cl-opt-disable",)
+"""Options PoCL builds every kernel with. PoCL compiles a kernel for its work-group size at
+the first launch, turning each region between two barriers into a loop over the work-items;
+with optimisation on, LLVM's loop unroller then spent minutes on kernels with a few dozen
+barriers (a warp-per-row kernel of two LayerNormalizations on (2048, 31): four tree
+reductions, 28 barriers, over 3 minutes before its first launch; the fuzzer took it for a
+hang). Unoptimised, it builds in a tenth of a second and runs at most a few times slower:
+the runner checks numbers, not speed."""
+
+
 @functools.cache
 def _program(source: str) -> cl.Program:
     ctx, _ = _context()
-    return cl.Program(ctx, source).build()
+    return cl.Program(ctx, source).build(options=list(BUILD_OPTIONS))
 
 
 class SimtFunction:
