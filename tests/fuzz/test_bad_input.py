@@ -102,12 +102,18 @@ def test_column_reduction_is_a_listed_fallback_with_right_numbers(flow: str) -> 
     assert check_model(model, flow).kind == "ok"
 
 
-def test_symbolic_shapes_fall_back_and_still_run(flow: str) -> None:
+@pytest.mark.parametrize(("shape", "stitched"), [(["n", 40], True), ([5, "k"], False)])
+def test_symbolic_shapes_stitch_or_fall_back_and_run(shape: list, stitched: bool,
+                                                     flow: str) -> None:
+    """A symbolic row count stitches (its grid is computed at run time); a symbolic row
+    length falls back to TVM with the reason in the plan. Both run right."""
     model = make_model([helper.make_node("Softmax", ["x"], ["y"], axis=-1)],
-                       {"x": (["n", 40], F32)}, {"y": (["n", 40], F32)})
+                       {"x": (shape, F32)}, {"y": (shape, F32)})
     scheduled = verify.compile_model(model, flow)
     plan = StitchPlan.of_module(scheduled)
-    assert plan is None or any("symbolic" in f.reason for f in plan.fallbacks)
+    if plan is not None:
+        assert bool(plan.groups) is stitched
+        assert stitched or any("symbolic" in f.reason for f in plan.fallbacks)
     x = np.random.default_rng(0).standard_normal((5, 40)).astype(np.float32)
     (y,) = SimtModule(scheduled)(x)
     e = np.exp(x - x.max(-1, keepdims=True))
