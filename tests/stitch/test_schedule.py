@@ -51,6 +51,19 @@ def test_row_mapping(rows: int, length: int, kind: MappingKind, rows_per_block: 
     assert mapping.threads_per_block <= 1024
 
 
+@pytest.mark.parametrize(("length", "vector", "threads"), [
+    (1024, 4, 64),  # 256 float4 vectors: four per thread
+    (768, 4, 64),  # 192 vectors: three per thread, none idle
+    (4096, 4, 256),
+    (300, 4, 64),  # never fewer than two warps per block-per-row row
+    (1024, 1, 256),  # scalar accesses: four elements per thread
+])
+def test_row_threads_follow_accesses_not_elements(length: int, vector: int,
+                                                  threads: int) -> None:
+    mapping = row_mapping(8192, length, 8192, vector=vector)
+    assert (mapping.kind, mapping.threads_per_row) == (MappingKind.BLOCK_PER_ROW, threads)
+
+
 def test_packing_keeps_a_block_per_sm_and_divides_the_rows() -> None:
     sms = DEFAULT_GPU.sms
     assert row_mapping(sms * 2, 32, sms * 2).rows_per_block == 2

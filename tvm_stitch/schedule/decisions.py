@@ -317,16 +317,17 @@ def _decide_rows(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: i
     _decide_staging(sch, func, infos, rows, dec)
     dec.reductions = sum(1 for info in infos.values() if info.is_reduction)
     length = max(info.elements for info in infos.values())
+    vector = row_vector(length, max(_bytes(p) for p in func.params))
     if is_symbolic(rows):  # packed rows: the last block's rows past the end are guarded
         rows_expr = symbolic_extent([i.size for i in next(iter(infos.values())).row_iters])
-        mapping = replace(row_mapping(rows, length, None, max_threads, gpu), rows_expr=rows_expr)
+        mapping = replace(row_mapping(rows, length, None, max_threads, gpu, vector),
+                          rows_expr=rows_expr)
     else:
-        mapping = row_mapping(rows, length, rows, max_threads, gpu)
+        mapping = row_mapping(rows, length, rows, max_threads, gpu, vector)
     mapping = _fit_budget(sch, dec, mapping, budget)
     mapping = _pack_vertically(dec, mapping, gpu)
     if not dec.held:  # a vector would give a thread other elements than its registers hold
-        mapping = replace(mapping, vector=row_vector(mapping,
-                                                     max(_bytes(p) for p in func.params)))
+        mapping = replace(mapping, vector=vector)
     shared = _shared_bytes(dec, mapping)
     launch = _launch(gpu, mapping.threads_per_block, shared, _grid(mapping))
     reread, per_row = _register_cache(sch, func, dec, mapping)
