@@ -435,12 +435,20 @@ def _decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows:
                            f"re-reads ({', '.join(reread)}) in registers per row, more than "
                            f"{_cap_text(launch)}")
     if rows // tiles * per_row > cap:
-        capped = _capped_tiles(rows, launch.wave, cap // per_row)
-        dec.demotions.append(f"row tiles {tiles} -> {capped}: a tile of {rows // tiles} rows "
-                             f"would keep {rows // tiles * per_row} elements of the inputs "
-                             f"each thread re-reads ({', '.join(reread)}) in registers, "
-                             f"more than {_cap_text(launch)}")
-        tiles, column_tiles = capped, 1
+        held = f"{', '.join(reread)}: {rows // tiles * per_row} elements"
+        capped = _fewest_tiles(rows, cap // per_row)
+        if capped <= launch.wave:
+            dec.demotions.append(f"row tiles {tiles} -> {capped}: a tile of {rows // tiles} "
+                                 f"rows would keep the inputs each thread re-reads ({held}) "
+                                 f"in registers, more than {_cap_text(launch)}")
+            tiles, column_tiles = capped, 1
+        else:
+            # Tiles of many rows: nvcc unrolls a short row walk (and then holds every row's
+            # elements), not a long one, which reloads; checked by ptxas in the tests
+            # (tests/stitch/test_targets.py, test_register_cache.py).
+            dec.demotions.append(f"row tiles stay {tiles}: tiles within the register cap "
+                                 f"({held} > {_cap_text(launch)}) would take {capped} "
+                                 f"tiles, more than one wave of {launch.wave} blocks")
     mapping = replace(mapping, row_steps=rows // tiles)
     for b in list(dec.block_shared):
         if b.span % mapping.row_steps:
@@ -577,14 +585,9 @@ def _row_tiles(rows: int, wave: int, partial_sums: bool) -> int:
     return tiles
 
 
-def _capped_tiles(rows: int, wave: int, max_steps: int) -> int:
-    """The fewest row tiles (a divisor of ``rows``) of at most ``max_steps`` rows each;
-    raises Unstitchable when that takes more tiles than one ``wave`` of blocks."""
-    tiles = min(d for d in divisors(rows) if rows // d <= max_steps)
-    if tiles > wave:
-        raise Unstitchable(f"{rows} rows need {tiles} row tiles of at most {max_steps} rows "
-                           f"(registers), more than one wave of {wave} blocks")
-    return tiles
+def _fewest_tiles(rows: int, max_steps: int) -> int:
+    """The fewest row tiles (a divisor of ``rows``) of at most ``max_steps`` rows each."""
+    return min(d for d in divisors(rows) if rows // d <= max(max_steps, 1))
 
 
 def _register_cache(sch: s_tir.Schedule, func: tirx.PrimFunc, dec: _Decisions,
