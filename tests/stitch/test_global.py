@@ -143,6 +143,32 @@ def test_column_space_blocks_stay_in_their_columns(shape: tuple[int, int]) -> No
         np.testing.assert_allclose(simt(x)[0], np.maximum(x, 1.5))
 
 
+@pytest.mark.parametrize(("op", "inputs", "shape", "tiles"), [
+    ("Max", 2, (4, 768), 3), ("Min", 3, (8, 384), 3), ("Sum", 2, (4, 768), 3),
+    ("Max", 3, (2, 1024), 2), ("Sum", 5, (2, 1024), 2)])
+def test_column_tiles_of_one_row_tile_combine_the_right_columns(
+        op: str, inputs: int, shape: tuple[int, int], tiles: int) -> None:
+    # a variadic Max/Min/Sum is a reduction over a stacked axis of `inputs` rows: one row
+    # tile whose columns (a block's width each) are split over tasks; with 768 or 384
+    # columns in a line, a tile of 1024 is not a box of the (4, 768) partial sums, and its
+    # write-out once wrote the whole box, other tasks' columns included (fuzz case g370)
+    names = [f"x{i}" for i in range(inputs)]
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node(op, names, ["y"])], "stacked",
+        [onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, list(shape))
+         for n in names],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, list(shape))])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)])
+    scheduled, plan = lower_stitch(model)
+    (group,) = [g for g in plan.groups if g.phases]
+    assert [(p.kind, p.tasks, p.column_tiles) for p in group.phases] == [
+        ("rows", tiles, tiles), ("columns", tiles, 1)]
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal(shape).astype(np.float32) for _ in names]
+    expected = {"Max": np.max, "Min": np.min, "Sum": np.sum}[op](np.stack(xs), axis=0)
+    np.testing.assert_allclose(SimtModule(scheduled)(*xs)[0], expected, rtol=1e-6, atol=1e-6)
+
+
 def _colsum_kernel(target):
     model = micro.column_sum((256, 64))
     scheduled, _ = lower_stitch(model, target)

@@ -356,6 +356,7 @@ def _emit_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group) -> s_ti
         row, _ = sch.get_loops(sch.get_sblock(name))
         tile, _ = sch.split(row, [mapping.rows // mapping.row_steps, mapping.row_steps])
         accumulate = sch.rfactor(tile, 0)
+        _flatten_partials(sch, accumulate)
         write_out = sch.cache_write(accumulate, 0, SHARED)
         partials[name] = (name_of(sch, accumulate), name_of(sch, write_out))
     phase_of = _phase_of_blocks(sch, group.phases, partials)
@@ -378,6 +379,19 @@ def _emit_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group) -> s_ti
             _map_column_phase(sch, mapping.threads_per_block, list(phase.combines),
                               [n for n in phase.blocks if n not in phase.combines])
     return hold_inputs(sch, group)
+
+
+def _flatten_partials(sch: s_tir.Schedule, accumulate: SBlockRV) -> None:
+    """Lay the partial sums of ``accumulate`` (tile, columns...) out as (tile, column): a
+    tile of consecutive columns is then one interval of the buffer, so the region that
+    compute-at derives for it (the write-out of a column tile) is exact rather than the box
+    around it, whose other columns belong to other tasks."""
+    shape = list(sch.get(accumulate).writes[0].source.shape)
+    if len(shape) <= 2:
+        return
+    layout = row_element_map([0], shape[:1], list(range(1, len(shape))), shape[1:])
+    sch.transform_layout(accumulate, ("write", 0), tirx.IndexMap.from_func(
+        layout, ndim=len(shape), index_dtype=str(shape[0].ty.dtype)))
 
 
 def _stage_phase_input(sch: s_tir.Schedule, names: set[str], buffer_name: str) -> SBlockRV:

@@ -2,9 +2,10 @@
 
 SplitToSlices (each part of a split is a slice, which stitches with its readers), ExactPower
 (``power`` by a small integer is multiplications: TVM's fast-math CUDA ``powf`` is NaN for
-negative bases), the same
-passes as TVM's default CUDA legalization (LegalizeOps, AnnotateTIROpPattern, FoldConstant),
-then StitchFuse in place of FuseOps + FuseTIR, then StitchSchedule in place of
+negative bases), UnitReduction (a sum, mean, max, min or prod over axes of extent 1 is a
+reshape: TVM's fused schedule of such a reduction applies its epilogue to the accumulator),
+the same passes as TVM's default CUDA legalization (LegalizeOps, AnnotateTIROpPattern,
+FoldConstant), then StitchFuse in place of FuseOps + FuseTIR, then StitchSchedule in place of
 dlight's ApplyDefaultSchedule.
 """
 
@@ -18,6 +19,7 @@ from ..schedule.rule import StitchSchedule
 from .exact_power import ExactPower
 from .split_slices import SplitToSlices
 from .stitch_fuse import StitchFuse
+from .unit_reduction import UnitReduction
 
 
 def fusion_passes(target: Target) -> list[tvm.transform.Pass]:
@@ -25,6 +27,7 @@ def fusion_passes(target: Target) -> list[tvm.transform.Pass]:
     return [
         SplitToSlices(),
         ExactPower(),
+        UnitReduction(),
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),

@@ -1,0 +1,91 @@
+"""A reduction over an axis of extent 1 followed by element-wise ops gave wrong numbers in
+both flows (fuzz case g350: ``Pow(Abs(ReduceMean(Reshape(x (2, 1) -> (1, 2, 1)), axes=[0]))
++ 0.5, 2)``): FuseOps and FuseTIR make a correct kernel of the mean and its epilogue, but
+dlight's default schedule inlines the epilogue into the reduction block, whose unit
+reduction loop is gone, so it applies it to the accumulator (init and update). The stitch
+flow now rewrites such reductions into reshapes before legalisation
+(``transform.UnitReduction``); TVM's own flow stays wrong. Owner:
+transform/unit_reduction.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from onnx import helper
+from regression_models import model, needs_stitch
+from tvm import relax
+
+from tvm_stitch import verify
+from tvm_stitch.simt import SimtModule
+from tvm_stitch.transform.unit_reduction import UnitReduction
+
+pytestmark = needs_stitch
+
+REDUCERS = {"ReduceSum": np.sum, "ReduceMean": np.mean, "ReduceMax": np.max,
+            "ReduceMin": np.min, "ReduceProd": np.prod}
+
+
+def _reduce_then_square(op: str, keepdims: int) -> tuple:
+    """``(|op(reshape(x), axis 0)| + 0.5) ** 2`` of x (2, 1) reshaped to (1, 2, 1), as in g350."""
+    out = [1, 2, 1] if keepdims else [2, 1]
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["r"]),
+             helper.make_node(op, ["r", "axes"], ["m"], keepdims=keepdims),
+             helper.make_node("Abs", ["m"], ["a"]),
+             helper.make_node("Add", ["a", "half"], ["b"]),
+             helper.make_node("Pow", ["b", "two"], ["y"])]
+    return model(nodes, {"x": [2, 1]}, {"y": out},
+                 {"shape": np.array([1, -1, 1], np.int64), "axes": np.array([0], np.int64),
+                  "half": np.array(0.5, np.float32), "two": np.array(2.0, np.float32)}), out
+
+
+@pytest.mark.parametrize("keepdims", [0, 1])
+@pytest.mark.parametrize("op", sorted(REDUCERS))
+def test_a_reduction_over_a_unit_axis_then_element_wise_ops(op: str, keepdims: int) -> None:
+    built, out = _reduce_then_square(op, keepdims)
+    x = np.array([[0.125], [-0.25]], np.float32)
+    expected = (np.abs(REDUCERS[op](x.reshape(1, 2, 1), axis=0)) + 0.5) ** 2
+    (y,) = SimtModule(verify.compile_model(built, "stitch"))(x)
+    np.testing.assert_allclose(y, expected.reshape(out), rtol=1e-6)
+
+
+@pytest.mark.xfail(strict=True, reason="TVM's: dlight inlines the epilogue of a reduction "
+                   "over a unit axis into the reduction block (applied to the accumulator)")
+def test_tvm_default_flow_is_wrong_on_the_same_graph() -> None:
+    built, _ = _reduce_then_square("ReduceMean", 0)
+    x = np.array([[0.125], [-0.25]], np.float32)
+    (y,) = SimtModule(verify.compile_model(built, "baseline"))(x)
+    np.testing.assert_allclose(y, (np.abs(x) + 0.5) ** 2, rtol=1e-6)
+
+
+def _rewritten(op, shape: list[int], **attrs) -> relax.Function:
+    """``main`` after UnitReduction of ``op`` (a relax.op reduction) on a tensor of ``shape``."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit_output(op(x, **attrs))
+        bb.emit_func_output(y)
+    return UnitReduction()(bb.get())["main"]
+
+
+def _ops(func: relax.Function) -> list[str]:
+    return [b.value.op.name for block in func.body.blocks for b in block.bindings
+            if isinstance(b.value, relax.Call)]
+
+
+@pytest.mark.parametrize("op", [relax.op.sum, relax.op.mean, relax.op.max, relax.op.min,
+                                relax.op.prod])
+def test_unit_reductions_become_reshapes(op) -> None:
+    assert _ops(_rewritten(op, [1, 4, 1], axis=[0, 2])) == ["relax.reshape"]
+    assert _ops(_rewritten(op, [1, 1])) == ["relax.reshape"]  # all axes, to a scalar
+    # kept dimensions: the result is the input itself
+    assert _ops(_rewritten(op, [4, 1], axis=[-1], keepdims=True)) == []
+    assert _ops(_rewritten(op, [4, 2], axis=[1])) == [f"relax.{op.__name__}"]
+
+
+def test_reductions_over_longer_or_symbolic_axes_stay() -> None:
+    assert _ops(_rewritten(relax.op.sum, [1, 4], axis=[0, 1])) == ["relax.sum"]
+    assert _ops(_rewritten(relax.op.mean, [1, 4])) == ["relax.mean"]
+    n = tvm.tirx.Var("n", "int64")
+    assert _ops(_rewritten(relax.op.max, [n, 4], axis=[0])) == ["relax.max"]

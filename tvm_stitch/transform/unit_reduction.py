@@ -1,0 +1,83 @@
+"""UnitReduction: a reduction whose reduced axes all have extent 1 becomes a reshape.
+
+Summing, averaging, or taking the maximum, minimum or product over axes of one element
+returns each element unchanged: the result is the input with those axes dropped (or kept
+as ones). ONNX graphs produce such reductions (a ReduceMean over an axis that a Reshape made
+1), and TVM mis-schedules them: FuseOps and FuseTIR make a correct kernel of the reduction
+and the element-wise ops after it, but dlight's default schedule inlines that epilogue into
+the reduction block, whose unit reduction loop is gone, so it is applied to the accumulator
+itself, in the init and again in the update (``pow(|acc + x| + 0.5, 2)`` after
+``acc = pow(|0| + 0.5, 2)``: wrong numbers). A reshape has no reduction kernel to get wrong,
+and stitches with its neighbours as an injective op (or becomes a view).
+"""
+
+from __future__ import annotations
+
+import tvm
+import tvm_ffi
+from tvm import relax, tirx
+from tvm.ir import IRModule
+
+UNIT_REDUCIBLE = tuple(tvm.ir.Op.get(f"relax.{name}")
+                       for name in ("sum", "mean", "max", "min", "prod"))
+"""Reductions that return their only element for an axis of extent 1."""
+
+
+def reduced_axes(call: relax.Call) -> list[int] | None:
+    """The axes ``call`` (a reduction of ``UNIT_REDUCIBLE``) reduces, non-negative; None when
+    its input's rank is unknown."""
+    ndim = call.args[0].ty.ndim
+    if ndim < 0:
+        return None
+    if call.attrs.axis is None:
+        return list(range(ndim))
+    return [int(a) % ndim for a in call.attrs.axis]
+
+
+def is_unit_reduction(call: relax.Call) -> bool:
+    """Whether ``call`` is a reduction of ``UNIT_REDUCIBLE`` whose reduced axes all have the
+    static extent 1 and whose result shape is known."""
+    if not (isinstance(call.op, tvm.ir.Op) and any(call.op.same_as(op)
+                                                   for op in UNIT_REDUCIBLE)):
+        return False
+    data, out = call.args[0].ty, call.ty
+    if not (isinstance(data, relax.TensorType) and isinstance(out, relax.TensorType)) \
+            or data.shape is None or out.shape is None:
+        return False
+    axes = reduced_axes(call)
+    dims = list(data.shape)
+    return axes is not None and all(
+        isinstance(dims[a], tirx.IntImm) and int(dims[a]) == 1 for a in axes)
+
+
+@relax.expr_functor.mutator
+class _UnitReduction(relax.PyExprMutator):
+    """Rewrites a reduction over axes of extent 1 into a reshape of its input (or the input
+    itself when the shape stays)."""
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        """The reshape for a unit reduction; other calls unchanged."""
+        call = super().visit_call_(call)
+        if not is_unit_reduction(call):
+            return call
+        data = call.args[0]
+        if tvm_ffi.structural_equal(data.ty.shape, call.ty.shape):
+            return data
+        return relax.op.reshape(data, call.ty.shape)
+
+
+@tvm.transform.module_pass(opt_level=0, name="UnitReduction")
+class UnitReduction:
+    """Replace every sum, mean, max, min or prod over axes of extent 1 in the module's Relax
+    functions by a reshape."""
+
+    def transform_module(self, mod: IRModule, _ctx: tvm.transform.PassContext) -> IRModule:
+        """Run the pass on ``mod``."""
+        mutator = _UnitReduction(mod)
+        for gv, func in mod.functions_items():
+            if isinstance(func, relax.Function):
+                mutator.builder_.update_func(gv, mutator.visit_expr(func))
+        return mutator.builder_.get()
+
+
+__all__ = ["UNIT_REDUCIBLE", "UnitReduction", "is_unit_reduction", "reduced_axes"]
