@@ -306,3 +306,26 @@ def test_a_whole_tensor_norm_is_split_and_its_scalars_combined_once(target: str)
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)])
     _, plan = _check(model, target)
     assert plan.groups[0].row_split > 1 and plan.groups[0].mapping.rows > 1
+
+
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMax"])
+def test_column_tiles_are_refused_with_an_input_staged_per_block(op: str) -> None:
+    """A per-column input (``x - c``) staged once per block covers whole rows, so the row
+    phase keeps whole rows rather than tiles of columns (fuzz seed 2026, graph 717)."""
+    c = np.linspace(-1.0, 1.0, 64).astype(np.float32)
+    f32 = onnx.TensorProto.FLOAT
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Sub", ["x", "c"], ["s"]),
+         onnx.helper.make_node(op, ["s", "axes"], ["y"], keepdims=0)], "staged_column_input",
+        [onnx.helper.make_tensor_value_info("x", f32, [16, 64])],
+        [onnx.helper.make_tensor_value_info("y", f32, [64])],
+        [onnx.numpy_helper.from_array(c, "c"),
+         onnx.numpy_helper.from_array(np.array([0], np.int64), "axes")])
+    built = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)])
+    scheduled, plan = lower_stitch(built)
+    (group,) = plan.groups
+    assert group.phases and all(p.column_tiles == 1 for p in group.phases)
+    x = np.random.default_rng(0).standard_normal((16, 64)).astype(np.float32)
+    reduce = {"ReduceSum": np.sum, "ReduceMax": np.max}[op]
+    (y,) = run_simt(built, scheduled, {"x": x})
+    np.testing.assert_allclose(y, reduce(x - c, axis=0), rtol=1e-5, atol=1e-5)

@@ -252,7 +252,7 @@ def _decide_flat(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, reused:
                                  f"read at {sites} places"))
     buffers = tuple(Buffer(n, "output", StorageLevel.REGISTER, 0,
                            "written out and read inside the kernel") for n in reused)
-    mapping = replace(flat_mapping(size, max_threads, max(_bytes(p) for p in func.params), gpu),
+    mapping = replace(flat_mapping(size, max_threads, _widest_element(sch, func), gpu),
                       rows_expr=size_expr)
     if (kept or staged or reused) and any(_reshaped(r) for b in child_blocks(sch)
                                           for r in (*sch.get(b).reads, *sch.get(b).writes)):
@@ -317,7 +317,7 @@ def _decide_rows(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: i
     _decide_staging(sch, func, infos, rows, dec)
     dec.reductions = sum(1 for info in infos.values() if info.is_reduction)
     length = max(info.elements for info in infos.values())
-    vector = row_vector(length, max(_bytes(p) for p in func.params))
+    vector = row_vector(length, _widest_element(sch, func))
     if is_symbolic(rows):  # packed rows: the last block's rows past the end are guarded
         rows_expr = symbolic_extent([i.size for i in next(iter(infos.values())).row_iters])
         mapping = replace(row_mapping(rows, length, None, max_threads, gpu, vector),
@@ -418,7 +418,10 @@ def _decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows:
                            f"than a quarter of {budget} B: needs tiles of columns")
     mapping = _fit_budget(sch, dec, mapping, room)
     roles = assign_roles(sch, rows)
-    most = max(_column_tile_options(roles, mapping.threads_per_block), default=1)
+    # An input staged once per block covers the block's whole rows, not a tile of its columns
+    # (tiling columns then read the staged copy at the wrong columns).
+    options = [] if dec.block_shared else _column_tile_options(roles, mapping.threads_per_block)
+    most = max(options, default=1)
     accumulators = {name: size // most + (mapping.threads_per_block * _bytes(
         sch.get(sch.get_sblock(name)).writes[0].source) if most > 1 else 0)
         for name, size in accumulators.items()}
@@ -427,7 +430,7 @@ def _decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows:
     shared = _shared_bytes(dec, mapping) + sum(accumulators.values()) \
         + sum(b.shared_bytes for b in staged)
     launch = _launch(gpu, mapping.threads_per_block, shared)
-    tiles, column_tiles = _tiles(roles, rows, mapping.threads_per_block, launch.wave)
+    tiles, column_tiles = _tiles(options, roles, rows, mapping.threads_per_block, launch.wave)
     reread, per_row = _register_cache(sch, func, dec, mapping)
     cap = cached_elements_cap(launch)
     if per_row > cap:
@@ -629,12 +632,13 @@ def _column_tile_options(roles: Roles, threads: int) -> list[int]:
     return options
 
 
-def _tiles(roles: Roles, rows: int, threads: int, wave: int) -> tuple[int, int]:
-    """Row tiles and column tiles per row tile of the row phases: the first option of
-    ``_column_tile_options`` whose lanes (threads per tile column) divide the rows of a row
+def _tiles(options: list[int], roles: Roles, rows: int, threads: int, wave: int
+           ) -> tuple[int, int]:
+    """Row tiles and column tiles per row tile of the row phases: the first of ``options``
+    (``_column_tile_options``) whose lanes (threads per tile column) divide the rows of a row
     tile, with as many row tiles as then fit ``wave`` tasks; else no column tiles."""
     partial_sums = bool(roles.columns)
-    for column_tiles in _column_tile_options(roles, threads):
+    for column_tiles in options:
         tiles = _row_tiles(rows, wave // column_tiles, partial_sums)
         width = next(iter(roles.columns.values())) // column_tiles
         if (rows // tiles) % (threads // width) == 0:
@@ -799,6 +803,14 @@ def _elements(buffer: tirx.Buffer) -> int:
 
 def _bytes(buffer: tirx.Buffer) -> int:
     return max(buffer.dtype.bits * buffer.dtype.lanes // 8, 1)
+
+
+def _widest_element(sch: s_tir.Schedule, func: tirx.PrimFunc) -> int:
+    """Bytes of the widest element any block reads or writes, parameters and intermediates
+    alike: a vector must fit ``VECTOR_BYTES`` in every dtype it is applied to (a float16
+    kernel that normalises in float32 takes four lanes, not eight)."""
+    regions = (r for b in child_blocks(sch) for r in (*sch.get(b).reads, *sch.get(b).writes))
+    return max([_bytes(p) for p in func.params] + [_bytes(r.source) for r in regions])
 
 
 def _shared_bytes(dec: _Decisions, mapping: ThreadMapping) -> int:
