@@ -125,7 +125,8 @@ def test_removing_barriers_breaks_the_reduction() -> None:
     good(x, *out_good)
     bad(x, *out_bad)
     np.testing.assert_allclose(out_good[-1], _softmax(x), rtol=1e-5, atol=1e-6)
-    assert np.abs(out_bad[-1] - _softmax(x)).max() > 1e-2
+    # wrong values or NaN (a partial sum read before it was written)
+    assert not np.allclose(out_bad[-1], _softmax(x), rtol=1e-2, atol=1e-2)
 
 
 def test_whole_module_with_reshape_view() -> None:
