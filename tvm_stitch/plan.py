@@ -192,7 +192,9 @@ class Phase:
     A ``rows`` phase walks row tiles (the row mapping) computing row-wise blocks and the
     partial sums of the column reductions it feeds (``partials``); a ``columns`` phase sums
     partials (``combines``: of column reductions, or of row reductions split over several
-    blocks) and computes what depends on those sums alone. ``tasks`` is its number of
+    blocks) and computes what depends on those sums alone; a ``rows`` phase may combine the
+    partials of its own rows' split reductions too (``combines``), each block for its row.
+    ``tasks`` is its number of
     virtual blocks, looped over the persistent grid. A rows phase of column reductions alone
     may give each task one of ``column_tiles`` tiles of the columns of its row tile (its
     tasks are then row tiles x column tiles).

@@ -83,7 +83,7 @@ from .rows import (
     row_elements,
     rows_sharing,
 )
-from .task_split import split_parts, split_rows
+from .task_split import combine_per_reader, split_parts, split_rows
 
 logger = logging.getLogger(__name__)
 
@@ -399,6 +399,8 @@ def _decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows:
     _decide_inlining(sch, func, _row_infos(sch, rows, roles), rows, dec)
     _inline_column_space(sch, func, assign_roles(sch, rows), dec)
     roles = _inline_crossings(sch, rows, dec)
+    sch = combine_per_reader(sch, func)
+    roles = assign_roles(sch, rows)
     infos = _row_infos(sch, rows, roles)
     columns = {name: column_view(sch, sch.get_sblock(name)) for name in roles.columns}
     _decide_staging(sch, func, {**infos, **columns}, rows, dec, roles.levels)
@@ -650,7 +652,8 @@ def _phases(roles: Roles, tiles: int, threads: int, column_tiles: int = 1
             ) -> tuple[Phase, ...]:
     """Row phases (``tiles`` tasks, times ``column_tiles``) and column phases (a task per
     ``threads`` columns), by level; a column reduction is in the row phase of its partial
-    sums and in the next column phase, which combines them."""
+    sums and in the next column phase, which combines them; a combine block of a row phase
+    is among its ``combines``."""
     levels: dict[int, list[str]] = {}
     for name, kind in roles.kinds.items():
         level = roles.levels[name]
@@ -662,8 +665,9 @@ def _phases(roles: Roles, tiles: int, threads: int, column_tiles: int = 1
         names = tuple(levels[level])
         if level % 2 == 0:
             partials = tuple(n for n in names if roles.kinds[n] == COLUMN)
+            combines = tuple(n for n in names if roles.kinds[n] == COMBINE)
             phases.append(Phase("rows", names, tiles * column_tiles, partials=partials,
-                                column_tiles=column_tiles))
+                                combines=combines, column_tiles=column_tiles))
         else:
             width = max(roles.widths[n] for n in names)
             combines = tuple(n for n in names if n in roles.combines)

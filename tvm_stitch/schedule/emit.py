@@ -58,7 +58,7 @@ from .persistent import (
 from .phases import normalise_column
 from .registers import hold_inputs
 from .rows import Unstitchable, iters_of, row_element_map
-from .task_split import split_rows
+from .task_split import combine_per_reader, split_rows
 
 
 @dataclass(frozen=True)
@@ -351,6 +351,7 @@ def _emit_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group) -> s_ti
     rows_phases = [set(p.blocks) - set(columns) for p in group.phases if p.kind == "rows"]
     cache_reused_outputs(sch, func, SHARED, writers=set().union(*rows_phases))
     block_caches = _apply_storage(sch, func, group)
+    sch = combine_per_reader(sch, func)
     partials: dict[str, tuple[str, str]] = {}  # column reduction -> (partial sum, write-out)
     for name in columns:
         row, _ = sch.get_loops(sch.get_sblock(name))
@@ -372,9 +373,10 @@ def _emit_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group) -> s_ti
                     cache = _stage_phase_input(sch, names, buf.name)
                     (caches if buf.per_block else per_row).append(cache)
             _map_row_phase(sch, mapping,
-                           names - {n for c in mine for n in partials[c]} - set(block_caches),
+                           names - {n for c in mine for n in partials[c]} - set(block_caches)
+                           - set(phase.combines),
                            [partials[c][0] for c in mine], [partials[c][1] for c in mine],
-                           caches, per_row, phase.column_tiles)
+                           caches, per_row, phase.column_tiles, phase.combines)
         else:
             _map_column_phase(sch, mapping.threads_per_block, list(phase.combines),
                               [n for n in phase.blocks if n not in phase.combines])
@@ -460,12 +462,15 @@ def _reorder_by_phase(sch: s_tir.Schedule, phase_of: dict[str, int], last: set[s
 
 def _map_row_phase(sch: s_tir.Schedule, mapping: ThreadMapping, names: set[str],
                    accumulators: list[str], write_outs: list[str], caches: list[SBlockRV],
-                   row_caches: list[SBlockRV], column_tiles: int = 1) -> None:
+                   row_caches: list[SBlockRV], column_tiles: int = 1,
+                   combines: tuple[str, ...] = ()) -> None:
     """A row phase: its row blocks (``names``) mapped as ``_map_rows`` does with one row per
     block at a time, inputs staged once per tile (``caches``) before its rows and once per
     row (``row_caches``) at each row; each column reduction's partial sum (``accumulators``,
     loops: tile, step, column) accumulated at the step loop and written out after the
-    tile. With ``column_tiles``, a task is a row tile's column tile, a column per thread."""
+    tile. With ``column_tiles``, a task is a row tile's column tile, a column per thread.
+    Each of ``combines`` (the combination of a split row's partials) is made at each row,
+    in shared memory, a thread per partial."""
     if column_tiles > 1 and len(accumulators) == 1 and not (names or caches or row_caches) \
             and _lanes(sch, accumulators[0], column_tiles, mapping) > 1:
         _map_lanes(sch, mapping, accumulators[0], write_outs[0], column_tiles)
@@ -506,6 +511,13 @@ def _map_row_phase(sch: s_tir.Schedule, mapping: ThreadMapping, names: set[str],
     for block in row_caches:
         sch.compute_at(block, step, preserve_unit_loops=True)
         _bind_inner_loops(sch, block, 2, mapping)
+    for name in combines:
+        block = sch.get_sblock(name)
+        sch.set_scope(block, 0, SHARED)
+        sch.compute_at(block, step, preserve_unit_loops=True)
+        part, row = sch.get_loops(block)[2:]  # the loops of a column combination
+        sch.reorder(row, part)
+        sch.bind(_thread_loop(sch, part, mapping), "threadIdx.x")
     for name in accumulators:  # zeroed before the tile's rows, not under a row's guard
         sch.decompose_reduction(sch.get_sblock(name), step)
     for block in caches:

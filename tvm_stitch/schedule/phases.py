@@ -18,7 +18,7 @@ column phase ``k`` is level ``2k + 1`` (the partials of the column reductions of
 ``k`` combined, and the column-space blocks computed from them). A block runs in the first
 phase at which everything it reads is available: a column result produced at level ``2k+1``
 is available to row phase ``k + 1``. A combine block runs in the column phase after the row
-phase of its partials.
+phase of its partials, or, read by row blocks of one phase alone, in that row phase.
 
 A column phase gives every column to one thread: the flattened spatial iterators of each
 block, row-major, are its columns, and column ``c`` runs on thread ``c % threads`` of task
@@ -71,7 +71,7 @@ class Roles:
 
     @property
     def combines(self) -> list[str]:
-        """Blocks that sum partials in a column phase: column reductions and combine blocks."""
+        """Blocks that sum partials of other blocks: column reductions and combine blocks."""
         return [n for n, k in self.kinds.items() if k in (COLUMN, COMBINE)]
 
     def of_kind(self, kind: str) -> list[str]:
@@ -136,11 +136,16 @@ def column_view(sch: s_tir.Schedule, block: SBlockRV) -> BlockRows:
 def assign_roles(sch: s_tir.Schedule, rows: int) -> Roles:
     """Kinds and levels of every block; column reductions must be normalised already.
 
+    A combine block read by row blocks of one phase alone runs in that row phase, before
+    them (each block combining the partials of its own row: ``task_split``), not in a column
+    phase of its own.
+
     Raises Unstitchable for a block that is none of the three kinds, or a column reduction
     that reads another row than the one it reduces.
     """
     roles = Roles()
     writers: dict[str, str] = {}
+    consumers: dict[str, list[str]] = {}
     for block in child_blocks(sch):
         name = name_of(sch, block)
         stmt = sch.get(block)
@@ -165,6 +170,13 @@ def assign_roles(sch: s_tir.Schedule, rows: int) -> Roles:
             roles.levels[name] = max((_even_from(a) for a in availability), default=0)
         for w in stmt.writes:
             writers[w.source.name] = name
+        for producer in produced:
+            consumers.setdefault(producer, []).append(name)
+    for name in roles.of_kind(COMBINE):
+        users = consumers.get(name, [])
+        if users and all(roles.kinds[u] == ROW for u in users) \
+                and len({roles.levels[u] for u in users}) == 1:
+            roles.levels[name] = roles.levels[users[0]]
     return roles
 
 

@@ -6,8 +6,11 @@ of the kernel, so ``rows x parts`` blocks share the work. A reduction over a row
 reduction over each sub-row (a partial result per sub-row, ``rfactor`` over the parts) and a
 combination of the ``parts`` partials of each row (a *combine* block, marked with
 ``COMBINE_ATTR``), which needs the partials of other blocks: Global stitching, a grid barrier
-before the combination and another before the sub-rows read its result. So a split group is
-a Global group over ``rows x parts`` sub-rows (``tvm_stitch.schedule.phases``).
+before the combination. So a split group is a Global group over ``rows x parts`` sub-rows
+(``tvm_stitch.schedule.phases``). Where row blocks alone read a combination, every block
+makes it for its own row after that barrier (``combine_per_reader``): a few partials read
+again, rather than a column phase that makes it once and a second grid barrier before the
+sub-rows read it.
 
 ``split_rows`` rewrites the blocks of a row group that is in (row, element) form
 (``layout.flatten_rows``): element-wise blocks and the intermediates they write move to
@@ -17,10 +20,14 @@ stay as they are (they become column-space blocks of the combined results).
 
 from __future__ import annotations
 
+import tvm
+import tvm_ffi
 from tvm import s_tir, tirx
+from tvm.sym import Analyzer
 
-from .blocks import child_blocks
+from .blocks import child_blocks, name_of, readers
 from .layout import flatten_rows
+from .persistent import blocks_in, root_statements, with_root
 from .rows import Unstitchable, block_rows
 
 COMBINE_ATTR = "stitch.combine"
@@ -102,6 +109,96 @@ def _split_reduction(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, parts:
     sch.annotate(block, COMBINE_ATTR, 1)
 
 
+def combine_per_reader(sch: s_tir.Schedule, func: tirx.PrimFunc) -> s_tir.Schedule:
+    """A schedule of ``sch``'s function (scheduling ``func``) where every block that reads a
+    combination of partials reads a copy of its own: the combine block recomputed into a
+    buffer of that reader's (the original kept for its first reader, or as the output it
+    writes); ``sch`` itself when there is no combination.
+
+    Meant after inlining, which can give a combination more readers (softmax's maximum, read
+    by the exponential inlined into both the sum and the division). A combination read by
+    row blocks alone is then made where they run (the row phase after the partials',
+    ``phases.assign_roles``), and no phase of its own has to write it for the others: a few
+    partials read again instead of a phase and a grid barrier. Every reader's index into a
+    combination is simplified with its block's domain (``_plain_reads``).
+    """
+    combines = [b for b in child_blocks(sch) if is_combine(sch, b)]
+    if not combines:
+        return sch
+    params = {p.name for p in func.params}
+    func = sch.mod["main"]
+    nests = root_statements(func)
+    allocs = list(func.body.block.alloc_buffers)
+    names = set()  # of the combinations and their copies
+    for block in combines:
+        result = sch.get(block).writes[0].source
+        names.add(result.name)
+        users = [name_of(sch, u) for u in readers(sch, result, exclude=block)]
+        (nest,) = [n for n in nests if name_of(sch, block) in blocks_in(n)]
+        for user in users if result.name in params else users[1:]:
+            copy = tirx.decl_buffer(result.shape, result.dtype, f"{result.name}_{user}")
+            allocs.append(copy)
+            names.add(copy.name)
+            nests.insert(nests.index(nest), _renamed(_with_buffer(nest, result, copy),
+                                                     f"_{user}"))
+            at = next(i for i, n in enumerate(nests) if user in blocks_in(n))
+            nests[at] = _with_buffer(nests[at], result, copy)
+    nests = [_plain_reads(n, names) for n in nests]
+    return s_tir.Schedule(with_root(func, body=tirx.SeqStmt(nests), alloc_buffers=allocs))
+
+
+def _plain_reads(stmt: tirx.Stmt, buffers: set[str]) -> tirx.Stmt:
+    """``stmt`` with the indices its blocks read ``buffers`` (by name) at simplified with the
+    blocks' domains: an inlined producer's composition of layouts, such as
+    ``(e // 600 + s % 5) // 5 + s // 5``, is the plain row ``s // 5`` again, so that a
+    combination computed at the reader's row (``compute_at``) is that one row."""
+
+    def on_block(block: s_tir.stmt.SBlock) -> s_tir.stmt.SBlock:
+        ana = Analyzer()
+        for iv in block.iter_vars:
+            ana.bind(iv.var, iv.dom)
+
+        def on_load(load: tvm.ir.TensorLoad) -> tvm.ir.TensorLoad:
+            if load.source.name not in buffers:
+                return load
+            return tirx.BufferLoad(load.source, [ana.simplify(i) for i in load.indices])
+
+        reads = [tirx.BufferRegion(r.source, [tvm.ir.Range.from_min_extent(
+            ana.simplify(d.min), d.extent) for d in r.region]) if r.source.name in buffers
+            else r for r in block.reads]
+        body = tvm_ffi.structural_map(block.body, [(tvm.ir.TensorLoad, on_load)])
+        return s_tir.stmt.SBlock(block.iter_vars, reads, block.writes, block.name_hint, body,
+                                 block.init, block.alloc_buffers, block.match_buffers,
+                                 block.annotations)
+
+    return tvm_ffi.structural_map(stmt, [(s_tir.stmt.SBlock, on_block)])
+
+
+def _with_buffer(stmt: tirx.Stmt, old: tirx.Buffer, new: tirx.Buffer) -> tirx.Stmt:
+    """``stmt`` with every use of buffer ``old`` replaced by ``new``."""
+    return tvm_ffi.structural_map(stmt, [(tirx.Buffer, lambda b: new if b.same_as(old)
+                                          else b)])
+
+
+def _renamed(stmt: tirx.Stmt, suffix: str) -> tirx.Stmt:
+    """A copy of ``stmt`` (a loop nest) with fresh loop and block variables and ``suffix``
+    added to the names of its blocks, so that it can sit next to the original."""
+    fresh: dict[tvm.ir.Var, tvm.ir.Var] = {}
+
+    def define(var: tvm.ir.Var) -> None:
+        fresh.setdefault(var, tvm.ir.Var(var.name, var.ty))
+
+    def on_block(block: s_tir.stmt.SBlock) -> s_tir.stmt.SBlock:
+        return s_tir.stmt.SBlock(block.iter_vars, block.reads, block.writes,
+                                 block.name_hint + suffix, block.body, block.init,
+                                 block.alloc_buffers, block.match_buffers, block.annotations)
+
+    tvm_ffi.structural_walk(stmt, [(tirx.For, lambda f: define(f.loop_var)),
+                                   (tirx.IterVar, lambda iv: define(iv.var))])
+    stmt = tvm_ffi.structural_map(stmt, [(tvm.ir.Var, lambda v: fresh.get(v, v))])
+    return tvm_ffi.structural_map(stmt, [(s_tir.stmt.SBlock, on_block)])
+
+
 def is_combine(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
     """Whether ``block`` combines the partials of a split reduction."""
     annotations = sch.get(block).annotations
@@ -119,4 +216,4 @@ def split_parts(rows: int, length: int, wave: int, threads: int) -> int:
     return best
 
 
-__all__ = ["COMBINE_ATTR", "split_rows", "is_combine", "split_parts"]
+__all__ = ["COMBINE_ATTR", "split_rows", "combine_per_reader", "is_combine", "split_parts"]
