@@ -211,9 +211,7 @@ def _map_rows(sch: s_tir.Schedule, mapping: ThreadMapping, rows: int,
         heads.append(outer)
         steps.append(step)
         bindings.append((row_in_block, _element_loop(sch, block, elem, mapping)))
-    bx = sch.merge(*heads) if len(heads) > 1 else heads[0]
-    step = sch.merge(*steps) if len(steps) > 1 else steps[0]
-    sch.bind(bx, "blockIdx.x")
+    bx, step = _merge_tasks(sch, heads, steps)
     for row_in_block, thread in bindings:
         _bind_threads(sch, mapping, row_in_block, thread)
     for block in reversed(others):
@@ -248,6 +246,16 @@ def _index_rows_in_block(sch: s_tir.Schedule, rows_per_block: int) -> None:
                 block, ("write", index),
                 lambda row, *rest: (row % rows_per_block, *rest),
                 assume_injective_transform=True)
+
+
+def _merge_tasks(sch: s_tir.Schedule, heads: list[LoopRV], steps: list[LoopRV]
+                 ) -> tuple[LoopRV, LoopRV]:
+    """Merge the sinks' task loops into one bound to ``blockIdx.x`` and their step loops into
+    one; returns both merged loops."""
+    bx = sch.merge(*heads) if len(heads) > 1 else heads[0]
+    step = sch.merge(*steps) if len(steps) > 1 else steps[0]
+    sch.bind(bx, "blockIdx.x")
+    return bx, step
 
 
 def _two_loops(sch: s_tir.Schedule, block: SBlockRV) -> tuple[LoopRV, LoopRV]:
@@ -496,9 +504,7 @@ def _map_row_phase(sch: s_tir.Schedule, mapping: ThreadMapping, names: set[str],
         heads.append(outer)
         steps.append(step)
         bindings.append((row_in_block, _element_loop(sch, block, elem, mapping)))
-    bx = sch.merge(*heads) if len(heads) > 1 else heads[0]
-    step = sch.merge(*steps) if len(steps) > 1 else steps[0]
-    sch.bind(bx, "blockIdx.x")
+    bx, step = _merge_tasks(sch, heads, steps)
     for _, thread in bindings:
         sch.bind(thread, "threadIdx.x")
     for block in reversed(others):
