@@ -64,3 +64,24 @@ def test_row_group_over_the_cap_falls_back_with_the_reason() -> None:
     reasons = [f.reason for f in plan.fallbacks]
     assert any("elements of the inputs it re-reads" in r and "more than 32" in r
                for r in reasons), reasons
+
+
+def test_input_re_read_through_a_transpose_counts_twice() -> None:
+    # fuzz case g1337: layer norm over one row of 32768 elements read through a transpose,
+    # which two more ops read too: 32 elements per thread of a 1024-thread block is the cap,
+    # but each out-of-order element also keeps its own address, and ptxas spilled on sm_80
+    shape = [2048, 16]
+    scale = numpy_helper.from_array(np.ones([16, 2048], np.float32), "scale")
+    bias = numpy_helper.from_array(np.zeros([16, 2048], np.float32), "bias")
+    graph = helper.make_graph(
+        [helper.make_node("Transpose", ["x"], ["t"], perm=[1, 0]),
+         helper.make_node("LayerNormalization", ["t", "scale", "bias"], ["n"], axis=-2),
+         helper.make_node("Abs", ["t"], ["a"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, [16, 2048]) for o in "na"],
+        initializer=[scale, bias])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    _, plan = lower_stitch(model)
+    reasons = [f.reason for f in plan.fallbacks]
+    assert any("x read out of order, counted twice" in r and "more than 32" in r
+               for r in reasons), reasons

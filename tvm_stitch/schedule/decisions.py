@@ -330,7 +330,7 @@ def _decide_rows(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: i
         mapping = replace(mapping, vector=vector)
     shared = _shared_bytes(dec, mapping)
     launch = _launch(gpu, mapping.threads_per_block, shared, _grid(mapping))
-    reread, per_row = _register_cache(sch, func, dec, mapping)
+    reread, per_row = _register_cache(sch, func, dec, mapping, infos)
     if per_row > cached_elements_cap(launch):
         raise Unstitchable(f"each thread would keep {per_row} elements of the inputs it "
                            f"re-reads ({', '.join(reread)}) in registers, more than "
@@ -433,7 +433,7 @@ def _decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows:
         + sum(b.shared_bytes for b in staged)
     launch = _launch(gpu, mapping.threads_per_block, shared)
     tiles, column_tiles = _tiles(options, roles, rows, mapping.threads_per_block, launch.wave)
-    reread, per_row = _register_cache(sch, func, dec, mapping)
+    reread, per_row = _register_cache(sch, func, dec, mapping, infos)
     cap = cached_elements_cap(launch)
     if per_row > cap:
         raise Unstitchable(f"each thread would keep {per_row} elements of the inputs it "
@@ -596,17 +596,36 @@ def _fewest_tiles(rows: int, max_steps: int) -> int:
 
 
 def _register_cache(sch: s_tir.Schedule, func: tirx.PrimFunc, dec: _Decisions,
-                    mapping: ThreadMapping) -> tuple[list[str], int]:
+                    mapping: ThreadMapping, infos: dict[str, BlockRows]
+                    ) -> tuple[list[str], int]:
     """The inputs that several blocks read from global memory, and how many of their
     elements one thread then keeps in registers per row of its block: nvcc fully unrolls a
     thread's loops over its elements and holds an input it reads again from the first read
-    to the last (``occupancy.REGISTERS_PER_CACHED_ELEMENT``)."""
+    to the last (``occupancy.REGISTERS_PER_CACHED_ELEMENT``). An input that a row block
+    (``infos``) reads out of the row's order (through a transpose) counts twice: each of its
+    elements also keeps an address of its own (fuzz case g1337 spilled at the cap)."""
     on_chip = {s.name for s in dec.staged} | {b.name for b in dec.block_shared}
     written = {p.name for p in written_params(func, sch)}
-    reread = [p.name for p in func.params
+    reread = [p for p in func.params
               if p.name not in on_chip | written and len(readers(sch, p)) > 1]
     per_thread = -(-mapping.row_length // mapping.threads_per_row)
-    return reread, per_thread * len(reread)
+    doubled = {p.name for p in reread if _read_out_of_order(sch, p, infos, mapping.rows)}
+    return ([p.name + (" read out of order, counted twice" if p.name in doubled else "")
+             for p in reread], per_thread * (len(reread) + len(doubled)))
+
+
+def _read_out_of_order(sch: s_tir.Schedule, param: tirx.Buffer, infos: dict[str, BlockRows],
+                       rows: int) -> bool:
+    for block in readers(sch, param):
+        info = infos.get(name_of(sch, block))
+        if info is None:
+            continue
+        for region in sch.get(block).reads:
+            if region.source.same_as(param) and access_rows(info, region, rows) == "aligned" \
+                    and row_elements(param, rows) == info.elements \
+                    and not reads_own_element(info, region, rows):
+                return True
+    return False
 
 
 def _cap_text(launch: Launch) -> str:
