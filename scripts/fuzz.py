@@ -1,6 +1,6 @@
 """Differential fuzzing of a compile flow on random graphs of memory-intensive ops.
 
-    python scripts/fuzz.py --graphs 200 --seed 1 [--flow stitch] [--out fuzz-out]
+    python scripts/fuzz.py --graphs 200 --seed 1 [--jobs 2] [--flow stitch] [--out fuzz-out]
                            [--regressions tests/regressions/cases]
 
 Each graph is compiled with the flow for a CUDA target, run on the CPU SIMT runner, compared
@@ -49,6 +49,9 @@ def parse_args(argv: list[str] | None = None) -> Options:
                         help="seconds per graph before it counts as a hang (0: no worker)")
     parser.add_argument("--shrink-budget", type=int, default=60,
                         help="replays spent shrinking each failure (0: no shrinking)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="graphs checked at once, each in its own worker process "
+                             "(1 with --timeout 0: checks then run in this process)")
     parser.add_argument("--max-nodes", type=int, default=GraphConfig.max_nodes)
     parser.add_argument("--float16", type=float, default=GraphConfig.float16,
                         help="probability of a float16 graph")
@@ -59,7 +62,9 @@ def parse_args(argv: list[str] | None = None) -> Options:
     return Options(graphs=args.graphs, seed=args.seed, start=args.start, flow=args.flow,
                    target=args.target, out=args.out, regressions=args.regressions,
                    resources=not args.no_resources, timeout=args.timeout,
-                   shrink_budget=args.shrink_budget, config=config)
+                   shrink_budget=args.shrink_budget,
+                   jobs=max(1, args.jobs) if args.timeout > 0 else 1,
+                   config=config)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import random
 import re
+import time
 from pathlib import Path
 
 import onnx
@@ -63,18 +65,23 @@ def test_shrinking_finds_a_minimal_graph() -> None:
     assert "Exp" in ops and len(ops) <= 3, ops
 
 
+class FakeChecker:
+    """Fails every graph with an Exp, after a random short while (so parallel jobs finish
+    out of order)."""
+
+    def __init__(self, *args) -> None:
+        self.timeout = 0.0
+
+    def __call__(self, model: onnx.ModelProto, seed: int = 0) -> dict:
+        time.sleep(random.random() / 100)
+        return _fails_on_exp(model)
+
+    def close(self) -> None:
+        pass
+
+
 def test_failures_are_written_shrunk_and_saved(tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    class FakeChecker:
-        def __init__(self, *args) -> None:
-            self.timeout = 0.0
-
-        def __call__(self, model: onnx.ModelProto, seed: int = 0) -> dict:
-            return _fails_on_exp(model)
-
-        def close(self) -> None:
-            pass
-
     monkeypatch.setattr(fuzz, "Checker", FakeChecker)
     options = Options(graphs=12, seed=4, out=tmp_path / "out", regressions=tmp_path / "cases",
                       shrink_budget=40)
@@ -89,6 +96,19 @@ def test_failures_are_written_shrunk_and_saved(tmp_path: Path,
     first = tmp_path / "out" / case.stem
     assert (first / "model.onnx").exists() and (first / "minimal.json").exists()
     assert any("shrunk to" in line for line in lines)
+
+
+def test_parallel_jobs_count_in_graph_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fuzz, "Checker", FakeChecker)
+    runs = {}
+    for jobs in (1, 3):
+        lines: list[str] = []
+        summary = run(Options(graphs=40, seed=4, shrink_budget=0, jobs=jobs), lines.append)
+        failed = [int(line.split()[1].rstrip(":")) for line in lines
+                  if line.startswith("graph ") and "mismatch" in line]
+        runs[jobs] = (summary.line(), summary.failures, failed)
+    assert runs[3] == runs[1]
+    assert runs[1][2] == sorted(runs[1][2]) and runs[1][2], runs[1]
 
 
 def test_worker_times_out_and_recovers() -> None:

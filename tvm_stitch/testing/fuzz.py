@@ -21,10 +21,13 @@ import os
 import re
 import signal
 import tempfile
+import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from itertools import islice
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -53,6 +56,7 @@ class Options:
     resources: bool = True
     timeout: float = 300.0  # seconds per graph; 0 checks in this process, without a limit
     shrink_budget: int = 60  # replays per failure; 0 keeps failures unshrunk
+    jobs: int = 1  # graphs checked at once, each in its own worker process
     config: GraphConfig = field(default_factory=GraphConfig)
 
 
@@ -243,28 +247,49 @@ def regression_case(directory: Path, name: str, model: onnx.ModelProto, outcome:
 
 
 def run(options: Options, log: Callable[[str], None] = print) -> Summary:
-    """Run ``options.graphs`` graphs; failures are written, shrunk and saved as they come."""
+    """Run ``options.graphs`` graphs, ``options.jobs`` at a time (one worker process each);
+    outcomes are counted in graph order, failures written, shrunk and saved as they come."""
     summary = Summary()
-    checker = Checker(options.flow, options.target, options.resources, options.timeout)
+    local = threading.local()
+    checkers: list[Checker] = []
+
+    def check(model: onnx.ModelProto) -> tuple[dict, float]:
+        if not hasattr(local, "checker"):
+            local.checker = Checker(options.flow, options.target, options.resources,
+                                    options.timeout)
+            checkers.append(local.checker)
+        start = time.time()
+        return local.checker(model), time.time() - start
+
+    shrinker = Checker(options.flow, options.target, options.resources, options.timeout)
     shrunk: set[tuple] = set()
+    pending: deque = deque()
+    graphs = _graphs(options)
     try:
-        for index, model, offsets in _graphs(options):
-            start = time.time()
-            outcome = checker(model)
-            summary.add(outcome)
-            if is_failure(outcome):
-                # Shrink the first failure of each kind only: the same bug tends to recur.
-                known = _bug_key(outcome)
-                _keep(options, index, model, offsets, outcome, checker, summary, log,
-                      shrink_it=known not in shrunk)
-                shrunk.add(known)
-            elif outcome["tvm_violations"]:
-                log(f"graph {index}: ok, but a kernel TVM scheduled breaks a limit: "
-                    f"{outcome['tvm_violations'][0]}")
-            elif index % 50 == 0:
-                log(f"graph {index}: ok ({time.time() - start:.1f} s) {summary.line()}")
+        with ThreadPoolExecutor(max_workers=options.jobs) as pool:
+            while True:
+                # a window of a few graphs per job keeps every worker busy, not all in memory
+                for index, model, offsets in islice(graphs, 2 * options.jobs - len(pending)):
+                    pending.append((index, model, offsets, pool.submit(check, model)))
+                if not pending:
+                    break
+                index, model, offsets, future = pending.popleft()
+                outcome, seconds = future.result()
+                summary.add(outcome)
+                if is_failure(outcome):
+                    # Shrink the first failure of each kind only: the same bug tends to recur.
+                    known = _bug_key(outcome)
+                    _keep(options, index, model, offsets, outcome, shrinker, summary, log,
+                          shrink_it=known not in shrunk)
+                    shrunk.add(known)
+                elif outcome["tvm_violations"]:
+                    log(f"graph {index}: ok, but a kernel TVM scheduled breaks a limit: "
+                        f"{outcome['tvm_violations'][0]}")
+                elif index % 50 == 0:
+                    log(f"graph {index}: ok ({seconds:.1f} s) {summary.line()}")
     finally:
-        checker.close()
+        for checker in [*checkers, shrinker]:
+            checker.close()
     return summary
 
 
