@@ -455,6 +455,8 @@ def _decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows:
                                  f"({held} > {_cap_text(launch)}) would take {capped} "
                                  f"tiles, more than one wave of {launch.wave} blocks")
     mapping = replace(mapping, row_steps=rows // tiles)
+    if not dec.held:  # as in a row group: a vector would not follow the held registers
+        mapping = replace(mapping, vector=row_vector(length, _widest_element(sch, func)))
     for b in list(dec.block_shared):
         if b.span % mapping.row_steps:
             dec.block_shared.remove(b)

@@ -580,13 +580,14 @@ def _bind_tile_loops(sch: s_tir.Schedule, block: SBlockRV, mapping: ThreadMappin
 
 def _bind_inner_loops(sch: s_tir.Schedule, block: SBlockRV, outer: int,
                       mapping: ThreadMapping) -> None:
-    """The loops of ``block`` below its ``outer`` ones fused and spread over the threads (a
-    unit loop first when there are none: a scalar is copied by one thread)."""
+    """The loops of ``block`` below its ``outer`` ones fused and spread over the threads, in
+    vectors where ``_element_loop`` allows them (a unit loop first when there are none: a
+    scalar is copied by one thread)."""
     if len(sch.get_loops(block)) == outer:
         sch.add_unit_loop(block)
     loops = sch.get_loops(block)[outer:]
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-    sch.bind(_thread_loop(sch, fused, mapping), "threadIdx.x")
+    sch.bind(_element_loop(sch, block, fused, mapping), "threadIdx.x")
 
 
 def _map_column_phase(sch: s_tir.Schedule, threads: int, combines: list[str],
