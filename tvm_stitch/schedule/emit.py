@@ -212,15 +212,7 @@ def _map_rows(sch: s_tir.Schedule, mapping: ThreadMapping, rows: int,
         steps.append(step)
         bindings.append((row_in_block, _element_loop(sch, block, elem, mapping)))
     bx, step = _merge_tasks(sch, heads, steps)
-    for row_in_block, thread in bindings:
-        _bind_threads(sch, mapping, row_in_block, thread)
-    for block in reversed(others):
-        sch.compute_at(block, step, preserve_unit_loops=True)
-        loops = sch.get_loops(block)[2:]
-        if len(loops) != 2:
-            raise Unstitchable(f"block {name_of(sch, block)}: compute-at made {len(loops)} "
-                               "loops for (row, element)")
-        _bind_threads(sch, mapping, loops[0], _element_loop(sch, block, loops[1], mapping))
+    _bind_at_step(sch, mapping, bindings, others, step)
     for block in caches:
         sch.compute_at(block, bx, preserve_unit_loops=True)
         loops = sch.get_loops(block)[1:]
@@ -256,6 +248,22 @@ def _merge_tasks(sch: s_tir.Schedule, heads: list[LoopRV], steps: list[LoopRV]
     step = sch.merge(*steps) if len(steps) > 1 else steps[0]
     sch.bind(bx, "blockIdx.x")
     return bx, step
+
+
+def _bind_at_step(sch: s_tir.Schedule, mapping: ThreadMapping,
+                  bindings: list[tuple[LoopRV | None, LoopRV]], others: list[SBlockRV],
+                  step: LoopRV) -> None:
+    """Bind the sinks' (row in block, thread) loops (``bindings``), then compute every other
+    block at ``step`` (last first) with its (row, element) loops bound alike."""
+    for row_in_block, thread in bindings:
+        _bind_threads(sch, mapping, row_in_block, thread)
+    for block in reversed(others):
+        sch.compute_at(block, step, preserve_unit_loops=True)
+        loops = sch.get_loops(block)[2:]
+        if len(loops) != 2:
+            raise Unstitchable(f"block {name_of(sch, block)}: compute-at made {len(loops)} "
+                               "loops for (row, element)")
+        _bind_threads(sch, mapping, loops[0], _element_loop(sch, block, loops[1], mapping))
 
 
 def _two_loops(sch: s_tir.Schedule, block: SBlockRV) -> tuple[LoopRV, LoopRV]:
@@ -341,9 +349,9 @@ def _thread_loop(sch: s_tir.Schedule, elem: LoopRV, mapping: ThreadMapping) -> L
     return thread
 
 
-def _bind_threads(sch: s_tir.Schedule, mapping: ThreadMapping, row_in_block: LoopRV,
+def _bind_threads(sch: s_tir.Schedule, mapping: ThreadMapping, row_in_block: LoopRV | None,
                   thread: LoopRV) -> None:
-    if mapping.rows_per_block > 1:
+    if mapping.rows_per_block > 1 and row_in_block is not None:
         sch.bind(row_in_block, "threadIdx.y")
     sch.bind(thread, "threadIdx.x")
 
@@ -505,15 +513,7 @@ def _map_row_phase(sch: s_tir.Schedule, mapping: ThreadMapping, names: set[str],
         steps.append(step)
         bindings.append((row_in_block, _element_loop(sch, block, elem, mapping)))
     bx, step = _merge_tasks(sch, heads, steps)
-    for _, thread in bindings:
-        sch.bind(thread, "threadIdx.x")
-    for block in reversed(others):
-        sch.compute_at(block, step, preserve_unit_loops=True)
-        loops = sch.get_loops(block)[2:]
-        if len(loops) != 2:
-            raise Unstitchable(f"block {name_of(sch, block)}: compute-at made {len(loops)} "
-                               "loops for (row, element)")
-        sch.bind(_element_loop(sch, block, loops[1], mapping), "threadIdx.x")
+    _bind_at_step(sch, mapping, bindings, others, step)
     for block in row_caches:
         sch.compute_at(block, step, preserve_unit_loops=True)
         _bind_inner_loops(sch, block, 2, mapping)

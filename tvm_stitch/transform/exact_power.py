@@ -14,6 +14,8 @@ import tvm_ffi
 from tvm import relax
 from tvm.ir import IRModule
 
+from .rewrite import rewrite_functions
+
 _POWER = tvm.ir.Op.get("relax.power")
 MAX_EXPONENT = 4
 """Largest exponent written as multiplications (two at most: x2 = x*x, x4 = x2*x2)."""
@@ -65,11 +67,7 @@ class ExactPower:
 
     def transform_module(self, mod: IRModule, _ctx: tvm.transform.PassContext) -> IRModule:
         """Run the pass on ``mod``."""
-        mutator = _ExactPower(mod)
-        for gv, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                mutator.builder_.update_func(gv, mutator.visit_expr(func))
-        return mutator.builder_.get()
+        return rewrite_functions(_ExactPower(mod), mod)
 
 
 __all__ = ["ExactPower", "MAX_EXPONENT", "integer_exponent"]

@@ -14,6 +14,8 @@ import tvm
 from tvm import relax, tirx
 from tvm.ir import IRModule
 
+from .rewrite import rewrite_functions
+
 _SPLIT = tvm.ir.Op.get("relax.split")
 
 
@@ -62,12 +64,7 @@ class SplitToSlices:
 
     def transform_module(self, mod: IRModule, _ctx: tvm.transform.PassContext) -> IRModule:
         """Run the pass on ``mod``."""
-        mutator = _SplitToSlices(mod)
-        for gv, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                rewritten = mutator.visit_expr(func)
-                mutator.builder_.update_func(gv, relax.analysis.remove_all_unused(rewritten))
-        return mutator.builder_.get()
+        return rewrite_functions(_SplitToSlices(mod), mod, relax.analysis.remove_all_unused)
 
 
 __all__ = ["SplitToSlices"]

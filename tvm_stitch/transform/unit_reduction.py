@@ -18,6 +18,8 @@ import tvm_ffi
 from tvm import relax, tirx
 from tvm.ir import IRModule
 
+from .rewrite import rewrite_functions
+
 UNIT_REDUCIBLE = tuple(tvm.ir.Op.get(f"relax.{name}")
                        for name in ("sum", "mean", "max", "min", "prod"))
 """Reductions that return their only element for an axis of extent 1."""
@@ -73,11 +75,7 @@ class UnitReduction:
 
     def transform_module(self, mod: IRModule, _ctx: tvm.transform.PassContext) -> IRModule:
         """Run the pass on ``mod``."""
-        mutator = _UnitReduction(mod)
-        for gv, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                mutator.builder_.update_func(gv, mutator.visit_expr(func))
-        return mutator.builder_.get()
+        return rewrite_functions(_UnitReduction(mod), mod)
 
 
 __all__ = ["UNIT_REDUCIBLE", "UnitReduction", "is_unit_reduction", "reduced_axes"]
