@@ -119,7 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.md:
         args.md.write_text(f"# Benchmark, {args.size} size, target {args.target}\n\n"
                            "Counted from the scheduled TIR (no GPU timing); regenerate with\n"
-                           f"`python scripts/bench.py --size {args.size} --md {args.md}`.\n\n"
+                           f"`python scripts/bench.py --size {args.size}"
+                           + (f" --json {args.json}" if args.json else "")
+                           + f" --md {args.md}`.\n\n"
                            + table)
     print(table)
     failed = [w["name"] for w in result["workloads"] for r in w["pipelines"].values()
