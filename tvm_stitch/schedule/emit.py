@@ -191,7 +191,8 @@ def _map_flat(sch: s_tir.Schedule, mapping: ThreadMapping) -> None:
         sch.compute_at(block, tx, preserve_unit_loops=True)
     if mapping.vector > 1:
         for block in sinks:
-            sch.vectorize(sch.get_loops(block)[-1])
+            if mapping.vector <= MAX_BOOLEAN_LANES or not _has_booleans(sch.get(block)):
+                sch.vectorize(sch.get_loops(block)[-1])
 
 
 def _map_rows(sch: s_tir.Schedule, mapping: ThreadMapping, rows: int,
@@ -306,7 +307,10 @@ def _aligned_vectors(block: s_tir.stmt.SBlock, vector: int) -> bool:
     is at a multiple of ``vector`` elements of its buffer. TVM's CUDA code reads a vector it
     cannot prove aligned lane by lane, each thread on ``vector`` consecutive elements: a
     warp's load then spans ``vector`` times the cache lines it uses, where a scalar block
-    keeps consecutive threads on consecutive elements."""
+    keeps consecutive threads on consecutive elements. Booleans limit the lanes
+    (``MAX_BOOLEAN_LANES``)."""
+    if vector > MAX_BOOLEAN_LANES and _has_booleans(block):
+        return False
     inner = block.iter_vars[-1]
     extent = inner.dom.extent
     if not isinstance(extent, tirx.IntImm) or int(extent) % vector:
@@ -324,6 +328,21 @@ def _aligned_vectors(block: s_tir.stmt.SBlock, vector: int) -> bool:
         if found.coeff % vector or found.base % vector:
             return False
     return True
+
+
+MAX_BOOLEAN_LANES = 4
+"""Most lanes of a vector with a boolean value in it (a comparison, a mask): TVM's CUDA code
+generator has no type for eight booleans ("Cannot convert type T.boolx8"), so an eight-lane
+float16 block that compares stays scalar (fuzz case g386)."""
+
+
+def _has_booleans(block: s_tir.stmt.SBlock) -> bool:
+    """Whether any value ``block`` computes or moves is boolean."""
+    found: list[tvm.ir.Expr] = []
+    tvm_ffi.structural_walk(block.body, [(tvm.ir.Expr, lambda e: found.append(e)
+                                          if str(e.ty.dtype).startswith("bool") else None)])
+    return bool(found) or any(str(r.source.dtype) == "bool"
+                              for r in (*block.reads, *block.writes))
 
 
 def _flat_index(region: tvm.ir.TensorRegion) -> tvm.ir.PrimExpr:

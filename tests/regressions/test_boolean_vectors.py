@@ -1,0 +1,38 @@
+"""A float16 kernel moves eight halves per access, but TVM's CUDA code generator has no type
+for eight booleans: a comparison in such a vector failed to build ("Cannot convert type
+T.boolx8 to CUDA type", fuzz seed 2026 graph 386: a Where over a Global group's column
+softmax). Blocks with a boolean value keep at most four lanes (``emit.MAX_BOOLEAN_LANES``);
+checked in each mapping that vectorises: flat, rows, and a persistent grid's row phases.
+Owner: schedule/emit.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+from regression_models import model, needs_stitch
+
+from tvm_stitch.testing.differential import check_model
+
+pytestmark = needs_stitch
+
+
+def _where_after_softmax(shape: list[int], axis: int) -> list:
+    return [helper.make_node("Softmax", ["x"], ["s"], axis=axis),
+            helper.make_node("GreaterOrEqual", ["x", "zero"], ["m"]),
+            helper.make_node("Where", ["m", "s", "two"], ["y"])]
+
+
+@pytest.mark.parametrize(("shape", "nodes"), [
+    ([528, 1024], [helper.make_node("GreaterOrEqual", ["x", "zero"], ["m"]),
+                   helper.make_node("Where", ["m", "x", "two"], ["y"])]),  # flat, 8 lanes
+    ([64, 256], _where_after_softmax([64, 256], -1)),  # rows
+    ([16, 768], _where_after_softmax([16, 768], 0)),  # Global: a column softmax (g386)
+], ids=["flat", "rows", "global"])
+def test_float16_comparisons_build_and_match(shape: list[int], nodes: list) -> None:
+    built = model(nodes, {"x": shape}, {"y": shape},
+                  {"zero": np.zeros((), np.float16), "two": np.full((), 2, np.float16)},
+                  elem_type=TensorProto.FLOAT16)
+    outcome = check_model(built, "stitch", resources=True).to_dict()
+    assert outcome["kind"] == "ok" and not outcome["violations"], outcome
+    assert not outcome["fallbacks"], outcome["fallbacks"]
