@@ -419,6 +419,12 @@ def _decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows:
                            f"{sum(accumulators.values())} B of shared memory per block, more "
                            f"than a quarter of {budget} B: needs tiles of columns")
     mapping = _fit_budget(sch, dec, mapping, room)
+    vector = row_vector(length, _widest_element(sch, func))
+    # As in a row group (a vector would not follow held registers), and only when every
+    # thread gets a whole vector: the block's threads are sized for scalar accesses, and
+    # fewer threads on more elements each keep more in registers (fuzz case g469 spilled).
+    if not dec.held and length >= mapping.threads_per_row * vector:
+        mapping = replace(mapping, vector=vector)
     roles = assign_roles(sch, rows)
     # An input staged once per block covers the block's whole rows, not a tile of its columns
     # (tiling columns then read the staged copy at the wrong columns).
@@ -455,8 +461,6 @@ def _decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows:
                                  f"({held} > {_cap_text(launch)}) would take {capped} "
                                  f"tiles, more than one wave of {launch.wave} blocks")
     mapping = replace(mapping, row_steps=rows // tiles)
-    if not dec.held:  # as in a row group: a vector would not follow the held registers
-        mapping = replace(mapping, vector=row_vector(length, _widest_element(sch, func)))
     for b in list(dec.block_shared):
         if b.span % mapping.row_steps:
             dec.block_shared.remove(b)
@@ -610,7 +614,8 @@ def _register_cache(sch: s_tir.Schedule, func: tirx.PrimFunc, dec: _Decisions,
     written = {p.name for p in written_params(func, sch)}
     reread = [p for p in func.params
               if p.name not in on_chip | written and len(readers(sch, p)) > 1]
-    per_thread = -(-mapping.row_length // mapping.threads_per_row)
+    vector = mapping.vector  # a thread's accesses are vectors of this many elements
+    per_thread = -(-mapping.row_length // (mapping.threads_per_row * vector)) * vector
     doubled = {p.name for p in reread if _read_out_of_order(sch, p, infos, mapping.rows)}
     return ([p.name + (" read out of order, counted twice" if p.name in doubled else "")
              for p in reread], per_thread * (len(reread) + len(doubled)))
