@@ -667,6 +667,8 @@ def _tiles(options: list[int], roles: Roles, rows: int, threads: int, wave: int
     tile, with as many row tiles as then fit ``wave`` tasks; else no column tiles."""
     partial_sums = bool(roles.columns)
     for column_tiles in options:
+        if column_tiles > wave:  # not even one row tile's column tiles fit the wave
+            continue
         tiles = _row_tiles(rows, wave // column_tiles, partial_sums)
         width = next(iter(roles.columns.values())) // column_tiles
         if (rows // tiles) % (threads // width) == 0:
