@@ -17,6 +17,7 @@ from tvm_stitch.testing import differential
 from tvm_stitch.testing.differential import check_model, compare, default_flow
 from tvm_stitch.testing.fuzz import regression_case
 from tvm_stitch.testing.graphs import GraphConfig, describe, graphs
+from tvm_stitch.transform import stitch_fuse
 
 REGRESSIONS = Path(__file__).parents[1] / "regressions" / "cases"
 _SETTINGS = {"deadline": None, "database": None,
@@ -72,6 +73,18 @@ def test_a_crash_only_the_flow_has_is_ours(monkeypatch: pytest.MonkeyPatch) -> N
     outcome = check_model(_softmax_model(), "stitch", resources=False)
     assert (outcome.kind, outcome.stage, outcome.baseline) == ("crash", "compile", "ok")
     assert outcome.error == "RuntimeError: boom in stitch" and "boom" in outcome.trace
+
+
+def test_stitching_that_gives_up_is_a_crash_of_ours(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the stitch pass catches its own unexpected errors and leaves the module to TVM's fusion
+    # (right numbers for the user), which a test must still see (fuzz seed 2026 graph 732)
+    def broken(*_args):
+        raise ValueError("max() arg is an empty sequence")
+
+    monkeypatch.setattr(stitch_fuse, "_stitch_rounds", broken)
+    outcome = check_model(_softmax_model(), "stitch", resources=False)
+    assert (outcome.kind, outcome.stage, outcome.baseline) == ("crash", "plan", "ok")
+    assert outcome.error.startswith("StitchGaveUp: stitching gave up (ValueError")
 
 
 def test_a_crash_the_baseline_shares_is_tvms(monkeypatch: pytest.MonkeyPatch) -> None:
