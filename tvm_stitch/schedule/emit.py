@@ -191,7 +191,7 @@ def _map_flat(sch: s_tir.Schedule, mapping: ThreadMapping) -> None:
         sch.compute_at(block, tx, preserve_unit_loops=True)
     if mapping.vector > 1:
         for block in sinks:
-            if mapping.vector <= MAX_BOOLEAN_LANES or not _has_booleans(sch.get(block)):
+            if _lanes_fit_booleans(sch.get(block), mapping.vector):
                 sch.vectorize(sch.get_loops(block)[-1])
 
 
@@ -309,7 +309,7 @@ def _aligned_vectors(block: s_tir.stmt.SBlock, vector: int) -> bool:
     warp's load then spans ``vector`` times the cache lines it uses, where a scalar block
     keeps consecutive threads on consecutive elements. Booleans limit the lanes
     (``MAX_BOOLEAN_LANES``)."""
-    if vector > MAX_BOOLEAN_LANES and _has_booleans(block):
+    if not _lanes_fit_booleans(block, vector):
         return False
     inner = block.iter_vars[-1]
     extent = inner.dom.extent
@@ -336,13 +336,16 @@ generator has no type for eight booleans ("Cannot convert type T.boolx8"), so an
 float16 block that compares stays scalar (fuzz case g386)."""
 
 
-def _has_booleans(block: s_tir.stmt.SBlock) -> bool:
-    """Whether any value ``block`` computes or moves is boolean."""
+def _lanes_fit_booleans(block: s_tir.stmt.SBlock, vector: int) -> bool:
+    """Whether ``block`` may run ``vector`` lanes at once: any number without a boolean
+    value in it (computed or moved), at most ``MAX_BOOLEAN_LANES`` with one."""
+    if vector <= MAX_BOOLEAN_LANES:
+        return True
     found: list[tvm.ir.Expr] = []
     tvm_ffi.structural_walk(block.body, [(tvm.ir.Expr, lambda e: found.append(e)
                                           if str(e.ty.dtype).startswith("bool") else None)])
-    return bool(found) or any(str(r.source.dtype) == "bool"
-                              for r in (*block.reads, *block.writes))
+    return not found and all(str(r.source.dtype) != "bool"
+                             for r in (*block.reads, *block.writes))
 
 
 def _flat_index(region: tvm.ir.TensorRegion) -> tvm.ir.PrimExpr:
