@@ -1,9 +1,10 @@
 """Thread mapping of a group: block-per-row, warp-per-row with packing, or flat.
 
-Short rows get a warp (or a sub-warp as wide as the row) each, and several rows share a
-thread block (horizontal packing) so blocks keep a useful size; long rows get a whole block
-of 64-1024 threads, each on about four accesses (vectors where the row takes them). Few
-rows get more threads each, so that the GPU still has enough loads in flight. Packing
+Short rows get a warp each, or a sub-warp of one thread per access (vector) of the row, and
+several rows share a thread block (horizontal packing) so blocks keep a useful size; long
+rows get a whole block of 64-1024 threads, each on about four accesses (vectors where the
+row takes them). Few rows get more threads each, so that the GPU still has enough loads in
+flight. Packing
 stops where it would leave fewer blocks than SMs, and the rows of a block divide the row
 count (no partial blocks). A block then walks several groups of rows in sequence (vertical
 packing, ``row_steps``) so that the grid fits one wave of the GPU.
@@ -52,7 +53,8 @@ def row_mapping(rows: int, row_length: int, divisor: int | None = 1,
     """The mapping for ``rows`` rows of ``row_length`` elements, accessed ``vector`` elements
     at a time.
 
-    Each row gets at least a warp (or a sub-warp as wide as a short row) and, for long rows,
+    Each row gets at least a warp (or, for a short row, a sub-warp of one thread per access:
+    rows of 32 float32 elements read as float4 vectors take 8 threads) and, for long rows,
     a block of 64-1024 threads (about ``ACCESSES_PER_THREAD`` accesses each). When the rows
     are too few to fill the GPU that way, rows get more threads, up to one per element, so
     that enough loads are in flight. Short rows that keep a (sub-)warp each are packed
@@ -63,7 +65,8 @@ def row_mapping(rows: int, row_length: int, divisor: int | None = 1,
     width = _pow2_ceil(row_length)
     fill = _pow2_ceil(-(-(gpu.sms * gpu.max_threads_per_sm) // rows))
     if row_length <= SHORT_ROW:
-        per_row = max(min(WARP_SIZE, width), min(fill, width, max_threads))
+        lanes = min(WARP_SIZE, _pow2_ceil(-(-row_length // vector)))
+        per_row = max(lanes, min(fill, width, max_threads))
     else:
         accesses = -(-row_length // vector)
         per_row = min(max_threads, max(MIN_ROW_THREADS,
