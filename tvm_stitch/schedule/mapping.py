@@ -4,10 +4,9 @@ Short rows get a warp each, or a sub-warp of one thread per access (vector) of t
 several rows share a thread block (horizontal packing) so blocks keep a useful size; long
 rows get a whole block of 64-1024 threads, each on about four accesses (vectors where the
 row takes them). Few rows get more threads each, so that the GPU still has enough loads in
-flight. Packing
-stops where it would leave fewer blocks than SMs, and the rows of a block divide the row
-count (no partial blocks). A block then walks several groups of rows in sequence (vertical
-packing, ``row_steps``) so that the grid fits one wave of the GPU.
+flight. Packing stops where it would leave fewer blocks than SMs, and the rows of a block
+divide the row count (no partial blocks). A block then walks several groups of rows in
+sequence (vertical packing, ``row_steps``) so that the grid fits one wave of the GPU.
 """
 
 from __future__ import annotations
