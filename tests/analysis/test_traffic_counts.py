@@ -198,3 +198,58 @@ def test_symbolic_primfunc_with_two_kernels_and_tail_guards() -> None:
 def test_symbolic_primfunc_without_shapes_is_refused() -> None:
     with pytest.raises(AnalysisError, match="input shapes of symbolic dimensions"):
         analyze_primfunc(scale_then_mirror, name="scale_then_mirror")
+
+
+ROWS, WIDTH = 750000, 32
+
+
+@T.prim_func(s_tir=True)
+def warp_per_row(x: T.Buffer((ROWS, WIDTH), "float32"), y: T.Buffer((ROWS,), "float32")):
+    # A block walks 150 groups of 8 rows; each row is one warp's scalar loads, reduced across
+    # the warp before the next group's loads are issued.
+    T.func_attr({"tirx.noalias": True})
+    for b in T.thread_binding(625, thread="blockIdx.x"):
+        for step in range(150):
+            for r in T.thread_binding(8, thread="threadIdx.y"):
+                for k in T.thread_binding(WIDTH, thread="threadIdx.x"):
+                    with T.sblock("y"):
+                        vi = T.axis.spatial(ROWS, b * 1200 + step * 8 + r)
+                        vk = T.axis.reduce(WIDTH, k)
+                        with T.init():
+                            y[vi] = T.float32(0)
+                        y[vi] = y[vi] + x[vi, vk]
+
+
+@T.prim_func(s_tir=True)
+def eight_threads_per_row(x: T.Buffer((ROWS, WIDTH), "float32"),
+                          y: T.Buffer((ROWS,), "float32")):
+    # 75 groups of 16 rows per block; each thread loads 4 elements of its row per group.
+    T.func_attr({"tirx.noalias": True})
+    for b in T.thread_binding(625, thread="blockIdx.x"):
+        for step in range(75):
+            for r in T.thread_binding(16, thread="threadIdx.y"):
+                for k1 in T.thread_binding(8, thread="threadIdx.x"):
+                    for k0 in range(4):
+                        with T.sblock("y"):
+                            vi = T.axis.spatial(ROWS, b * 1200 + step * 16 + r)
+                            vk = T.axis.reduce(WIDTH, k0 * 8 + k1)
+                            with T.init():
+                                y[vi] = T.float32(0)
+                            y[vi] = y[vi] + x[vi, vk]
+
+
+def test_loads_in_flight_are_counted_per_synchronising_step() -> None:
+    # Measured on the H200 (docs/results/gpu-2026-11-29-h200.md): 48.5 us for the warp per
+    # row, 34.3 us for 8 threads per row. Counting a thread's accesses over all its row steps
+    # as in flight ranked them the other way round (26.2 us against 49.4 us).
+    (warp,) = analyze_primfunc(warp_per_row)
+    (eight,) = analyze_primfunc(eight_threads_per_row)
+    assert warp.traffic.global_bytes == eight.traffic.global_bytes == (ROWS * WIDTH + ROWS) * F32
+    assert warp.traffic.step_accesses == pytest.approx(warp.traffic.accesses / 150)
+    assert eight.traffic.step_accesses == pytest.approx(eight.traffic.accesses / 75)
+    assert warp.roofline_us()["H200"] > 1.5 * eight.roofline_us()["H200"]
+
+
+def test_loops_without_synchronisation_keep_every_access_in_flight() -> None:
+    kernel = _only_kernel(Add)
+    assert kernel.traffic.step_accesses == kernel.traffic.accesses

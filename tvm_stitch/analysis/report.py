@@ -68,7 +68,7 @@ class KernelReport:
     def work(self) -> KernelWork:
         """What the roofline model needs of this launch."""
         return KernelWork(self.traffic.global_bytes, self.traffic.accesses, self.blocks,
-                          self.threads_per_block)
+                          self.threads_per_block, self.traffic.step_accesses)
 
     def waves(self) -> dict[str, float]:
         """Waves of blocks per GPU (thread-limited occupancy)."""
@@ -93,6 +93,7 @@ class KernelReport:
             "write_bytes": self.traffic.write_bytes,
             "global_bytes": self.traffic.global_bytes,
             "accesses": self.traffic.accesses,
+            "step_accesses": self.traffic.step_accesses,
             "exact": self.traffic.exact,
             "roofline_us": self.roofline_us(),
         }

@@ -24,6 +24,12 @@ LayerNorm kernels have no guarded global access, so both counts agree.
 Counts are of accesses issued to the memory system (L1/L2), not DRAM transactions: a buffer
 re-read by many blocks (a LayerNorm's gamma) counts each time. ``BufferTraffic.size_bytes``
 gives the footprint so the re-read factor shows in the per-buffer breakdown.
+
+Steps: a serial loop whose body synchronises threads (a barrier, or the warp shuffles of a
+cross-thread reduction) runs its iterations one after the other: a thread cannot issue the
+next iteration's loads before the reduction of this one is done (nvcc does not move loads
+across a rolled loop's synchronisation). ``step_accesses`` counts each access once per step,
+divided by the trip counts of such loops around it: what the grid can have in flight at once.
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ from ..lowering import LoweringError, evaluate_int
 from .guards import IF_THEN_ELSE, Axis, count_points, reads_memory
 
 _ADDRESS_OF = "tirx.address_of"
+# Calls that synchronise threads: a loop around one runs its iterations in sequence.
+_SYNC_OPS = ("tvm_storage_sync", "shfl", "syncthreads", "grid_sync")
 # Intrinsics that move global memory without a TIR load or store; we cannot size them.
 _OPAQUE_MEMORY_OPS = ("cp_async", "cp_reduce", "atomic", "ldg", "bulk", "multimem")
 
@@ -63,12 +71,15 @@ class KernelTraffic:
     """Global-memory traffic of one kernel launch.
 
     ``accesses`` counts memory instructions executed over the whole grid (a 4-lane vector
-    load is one); ``exact`` is False when some guard was counted as always true.
+    load is one); ``step_accesses`` those of one step of the serial loops that synchronise
+    threads (see the module docstring; equal to ``accesses`` where there are none);
+    ``exact`` is False when some guard was counted as always true.
     """
 
     read_bytes: int = 0
     write_bytes: int = 0
     accesses: int = 0
+    step_accesses: float = 0.0
     exact: bool = True
     buffers: dict[str, BufferTraffic] = field(default_factory=dict)
     caveats: list[str] = field(default_factory=list)
@@ -96,11 +107,13 @@ class _Frame:
 
     axes: tuple[Axis, ...]
     guards: tuple[tvm.ir.PrimExpr, ...]
+    steps: int = 1  # iterations of the enclosing serial loops that synchronise
     count: int | None = None
 
-    def nested(self, axis: Axis | None = None, guard: tvm.ir.PrimExpr | None = None) -> _Frame:
+    def nested(self, axis: Axis | None = None, guard: tvm.ir.PrimExpr | None = None,
+               steps: int = 1) -> _Frame:
         return _Frame(self.axes + ((axis,) if axis else ()),
-                      self.guards + ((guard,) if guard is not None else ()))
+                      self.guards + ((guard,) if guard is not None else ()), self.steps * steps)
 
 
 class _Counter:
@@ -182,6 +195,7 @@ class _Counter:
             entry.read_bytes += nbytes
             self.result.read_bytes += nbytes
         self.result.accesses += count
+        self.result.step_accesses += count / frame.steps
 
     def footprint(self, buffer: tvm.ir.Var) -> int:
         shape = buffer.ty.shape
@@ -215,7 +229,10 @@ class _Counter:
             if stmt.else_case is not None:
                 self.stmt(stmt.else_case, frame.nested(guard=tirx.Not(stmt.condition)))
         elif isinstance(stmt, tirx.For):
-            self.stmt(stmt.body, frame.nested(axis=self.loop_axis(stmt)))
+            axis = self.loop_axis(stmt)
+            steps = axis.trips if stmt.kind == tirx.ForKind.SERIAL and _synchronises(stmt.body) \
+                else 1
+            self.stmt(stmt.body, frame.nested(axis=axis, steps=steps))
         elif isinstance(stmt, tirx.AttrStmt):
             self.stmt(stmt.body, frame)
         elif isinstance(stmt, tirx.DeclBuffer | tirx.AllocBuffer | tirx.AssertStmt):
@@ -260,6 +277,25 @@ class _Counter:
                 self.access(load.source, str(load.ty.dtype), frame, write=False)
         for sub, sub_frame in branches:
             self.expr(sub, sub_frame)
+
+
+def _synchronises(body: tirx.Stmt) -> bool:
+    """Whether ``body`` synchronises threads: a barrier or a cross-thread reduction."""
+    found: list[object] = []
+
+    def call(node: tvm.ir.Call) -> None:
+        name = node.op.name if isinstance(node.op, tvm.ir.Op) else ""
+        if name == "tirx.call_extern" and isinstance(node.args[0], tirx.StringImm):
+            name = node.args[0].value  # our grid barrier
+        if any(word in name for word in _SYNC_OPS):
+            found.append(node)
+
+    def attr(node: tirx.AttrStmt) -> None:
+        if node.attr_key == "reduce_scope":
+            found.append(node)
+
+    tvm_ffi.structural_walk(body, [(tvm.ir.Call, call), (tirx.AttrStmt, attr)])
+    return bool(found)
 
 
 def _is_prefix(short: tuple[tvm.ir.PrimExpr, ...], long: tuple[tvm.ir.PrimExpr, ...]) -> bool:
