@@ -80,6 +80,30 @@ def test_short_rows_get_a_thread_per_access(length: int, vector: int, threads: i
         MappingKind.WARP_PER_ROW, threads, rows_per_block)
 
 
+def test_sub_warps_of_a_thread_per_vector_run_and_compile() -> None:
+    # 40000 rows of 32 fill the GPU without more threads per row: 8 threads, one float4 each
+    model, inputs = patterns.ln_softmax_add(40000, 32)
+    scheduled, plan = lower_stitch(model)
+    (group,) = plan.groups
+    assert (group.mapping.kind, group.mapping.threads_per_row, group.mapping.vector) == (
+        MappingKind.WARP_PER_ROW, 8, 4)
+    assert not check_resources(scheduled).violations
+    assert_matches(run_simt(model, scheduled, inputs), reference(model, inputs))
+
+
+def test_float16_sub_warps_take_eight_halves_per_thread() -> None:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT16, [40000, 64])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT16, [40000, 64])
+    graph = helper.make_graph([helper.make_node("Softmax", ["x"], ["y"], axis=-1)],
+                              "softmax_f16", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    scheduled, plan = lower_stitch(model)
+    (group,) = plan.groups
+    assert (group.mapping.threads_per_row, group.mapping.vector) == (8, 8)
+    assert not check_resources(scheduled).violations
+    assert verify.summarize(scheduled, model)["ok"]  # onnxruntime, float16 tolerances
+
+
 def test_packing_keeps_a_block_per_sm_and_divides_the_rows() -> None:
     sms = DEFAULT_GPU.sms
     assert row_mapping(sms * 2, 32, sms * 2).rows_per_block == 2
