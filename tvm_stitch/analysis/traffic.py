@@ -43,11 +43,13 @@ from tvm import tirx
 from tvm.sym import Analyzer
 
 from ..lowering import LoweringError, evaluate_int
+from ..schedule.grid_barrier import is_grid_sync
 from .guards import IF_THEN_ELSE, Axis, count_points, reads_memory
 
 _ADDRESS_OF = "tirx.address_of"
-# Calls that synchronise threads: a loop around one runs its iterations in sequence.
-_SYNC_OPS = ("tvm_storage_sync", "shfl", "syncthreads", "grid_sync")
+# Intrinsics that synchronise threads (a barrier, a warp shuffle): a loop around one runs
+# its iterations in sequence; so does a loop around a grid barrier (``is_grid_sync``).
+_SYNC_OPS = ("tirx.tvm_storage_sync", "tirx.cuda.__shfl")
 # Intrinsics that move global memory without a TIR load or store; we cannot size them.
 _OPAQUE_MEMORY_OPS = ("cp_async", "cp_reduce", "atomic", "ldg", "bulk", "multimem")
 
@@ -280,21 +282,19 @@ class _Counter:
 
 
 def _synchronises(body: tirx.Stmt) -> bool:
-    """Whether ``body`` synchronises threads: a barrier or a cross-thread reduction."""
+    """Whether ``body`` synchronises threads: a barrier (of the block or the grid) or a
+    cross-thread reduction."""
     found: list[object] = []
 
     def call(node: tvm.ir.Call) -> None:
-        name = node.op.name if isinstance(node.op, tvm.ir.Op) else ""
-        if name == "tirx.call_extern" and isinstance(node.args[0], tirx.StringImm):
-            name = node.args[0].value  # our grid barrier
-        if any(word in name for word in _SYNC_OPS):
+        if isinstance(node.op, tvm.ir.Op) and node.op.name.startswith(_SYNC_OPS):
             found.append(node)
 
-    def attr(node: tirx.AttrStmt) -> None:
-        if node.attr_key == "reduce_scope":
+    def evaluate(node: tirx.Evaluate) -> None:
+        if is_grid_sync(node):
             found.append(node)
 
-    tvm_ffi.structural_walk(body, [(tvm.ir.Call, call), (tirx.AttrStmt, attr)])
+    tvm_ffi.structural_walk(body, [(tvm.ir.Call, call), (tirx.Evaluate, evaluate)])
     return bool(found)
 
 
