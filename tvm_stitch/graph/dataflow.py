@@ -96,7 +96,7 @@ def _build(mod: IRModule, block: relax.DataflowBlock, later_uses: set[relax.Var]
         name = base if names[base] == 1 else f"{base}#{names[base]}"
         node = Node(i, name, binding)
         value = binding.value
-        if isinstance(binding, relax.VarBinding) and _is_call_tir(value):
+        if isinstance(binding, relax.VarBinding) and is_call_tir(value):
             node.callee, node.info, node.inputs = _call_tir_facts(mod, value)
         for var in relax.analysis.free_vars(value):
             producer = defs.get(var)
@@ -110,7 +110,8 @@ def _build(mod: IRModule, block: relax.DataflowBlock, later_uses: set[relax.Var]
     return DataflowGraph(block, nodes)
 
 
-def _is_call_tir(value: relax.Expr) -> bool:
+def is_call_tir(value: relax.Expr) -> bool:
+    """Whether ``value`` is a ``relax.call_tir`` call."""
     return (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
             and value.op.same_as(_CALL_TIR))
 

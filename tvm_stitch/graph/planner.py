@@ -13,7 +13,7 @@ from ..plan import ComputeOp, Fallback, Group, Refusal
 from .dataflow import DataflowGraph, dataflow_graphs
 from .dominants import analyse, group_outputs
 from .grouping import OpGroup, group_ops
-from .tvm_fusion import FusedCall, resolve, tvm_fusion_groups
+from .tvm_fusion import resolve, tvm_fusion_groups
 
 
 @dataclass
@@ -28,7 +28,7 @@ class Draft:
 
 
 def draft_plan(mod: IRModule, excluded: dict[str, str] | None = None,
-               tvm_groups: list[list[FusedCall]] | None = None, func_name: str = "main"
+               tvm_groups: list[frozenset[relax.Var]] | None = None, func_name: str = "main"
                ) -> Draft:
     """Group the memory-intensive ops of ``mod[func_name]``; ``excluded`` maps op names that
     must fall back to the reason; ``tvm_groups`` are TVM's FuseOps groups of ``mod``
