@@ -10,7 +10,7 @@ from tvm.script import tirx as T
 
 from tvm_stitch import verify
 from tvm_stitch.analysis import KernelResources
-from tvm_stitch.plan import Edge, Group, Scheme, StitchPlan
+from tvm_stitch.plan import GROUP_ATTR, Edge, Group, Launch, Scheme, StitchPlan
 from tvm_stitch.testing import resources
 from tvm_stitch.testing.resources import SMS, blocks_per_sm, check_resources
 
@@ -84,3 +84,46 @@ def test_spills_and_register_overuse_are_reported(monkeypatch: pytest.MonkeyPatc
     assert any(p.startswith("spills 24 B") for p in problems)
     assert any("50000 B of shared memory" in p for p in problems)
     assert not any("register file" in p for p in problems)  # 255 x 32 threads fit
+
+
+@T.prim_func(s_tir=True)
+def row_per_thread(a: T.Buffer((128, 64), "float32"), b: T.Buffer((128, 64), "float32")):
+    """Each thread keeps a whole 64-element row in a thread-local array, read back reversed."""
+    T.func_attr({"tirx.is_scheduled": True, GROUP_ATTR: 0})
+    row = T.sblock_alloc_buffer((64,), scope="local")
+    for i in T.thread_binding(4, thread="blockIdx.x"):
+        for t in T.thread_binding(32, thread="threadIdx.x"):
+            for j in range(64):
+                with T.sblock("load"):
+                    vr = T.axis.spatial(128, i * 32 + t)
+                    vj = T.axis.spatial(64, j)
+                    row[vj] = a[vr, vj]
+            for j in range(64):
+                with T.sblock("store"):
+                    vr = T.axis.spatial(128, i * 32 + t)
+                    vj = T.axis.spatial(64, j)
+                    b[vr, vj] = row[63 - vj] * T.float32(2)
+
+
+def test_thread_local_arrays_over_the_register_budget_are_reported() -> None:
+    mod = IRModule({"row_per_thread": row_per_thread})
+    launch = Launch("H200", 32, 0, 1, 48, 132, 4)
+    plan = StitchPlan(groups=(Group(0, ("a",), ("x",), ("y",), (), (),
+                                    function="row_per_thread", launch=launch),))
+    (kernel,) = check_resources(mod, plan, archs=("sm_90",)).kernels
+    assert kernel.stitched and kernel.local_elements == 64 and kernel.register_budget == 24
+    assert any("thread-local array row of 64 elements, more than the plan's register "
+               "budget (24)" in p for p in kernel.problems), kernel.problems
+
+
+def test_stitched_kernels_may_have_no_stack_frame(monkeypatch: pytest.MonkeyPatch) -> None:
+    def fake(source: str, arch: str) -> dict[str, KernelResources]:
+        return {"many_blocks_kernel": KernelResources(32, 0, 0, 0, 16)}
+
+    monkeypatch.setattr(resources, "ptxas_resources", fake)
+    mod = IRModule({"many_blocks": many_blocks.with_attr(GROUP_ATTR, 0)})
+    (kernel,) = check_resources(mod, StitchPlan(), archs=("sm_90",)).kernels
+    assert kernel.problems == ["16 B of local memory (stack frame) per thread"]
+    (tvm_kernel,) = check_resources(IRModule({"many_blocks": many_blocks}),
+                                    archs=("sm_90",)).kernels
+    assert tvm_kernel.problems == []  # TVM's own kernels may keep small arrays

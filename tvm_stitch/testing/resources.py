@@ -9,8 +9,10 @@ architecture (``nvcc -Xptxas -v`` on TVM's CUDA source for that architecture, re
 - static shared memory within the per-block limit (48 KB without the dynamic opt-in);
 - registers per block within the register file (``registers x threads <= 65536``: more fails
   to launch with "too many resources requested");
-- no register spills (stores or loads), and at most ``MAX_STACK_BYTES`` of local memory per
-  thread;
+- no register spills (stores or loads); no local memory (stack frame) at all in a stitched
+  kernel, at most ``MAX_STACK_BYTES`` per thread in one TVM scheduled;
+- in a stitched kernel, no thread-local array (``alloc_local`` in its TIR) with more elements
+  than the plan's register budget for the group (``occupancy.cached_elements_cap``);
 - kernels with a grid barrier: at most one wave of blocks (every block resident at once, or
   the barrier deadlocks), from the occupancy of the kernel's threads, registers and shared
   memory on the architecture's GPU.
@@ -37,12 +39,12 @@ from ..analysis import GPU, KernelResources, gpu_of_arch, ptxas_resources
 from ..lowering import KernelLaunch, LoweredFunc, lower
 from ..plan import GROUP_ATTR, Scheme, StitchPlan
 from ..schedule.grid_barrier import GRID_SYNC
-from ..schedule.occupancy import blocks_per_sm
+from ..schedule.occupancy import blocks_per_sm, cached_elements_cap
 from ..target import MAX_SHARED_MEMORY_PER_BLOCK, MAX_THREADS_PER_BLOCK, cuda_target
 
 ARCHS = ("sm_80", "sm_90")
-# A stack frame means per-thread arrays in local memory (DRAM behind L1); a few small ones are
-# normal, a large one is a tensor staged per thread (e.g. a whole intermediate).
+# A stack frame means per-thread arrays in local memory (DRAM behind L1). TVM's own kernels
+# may have a few small ones; a large one is a tensor staged per thread (a whole intermediate).
 MAX_STACK_BYTES = 1024
 
 
@@ -66,6 +68,8 @@ class KernelCheck:
     grid_barrier: bool
     wave: int
     stitched: bool  # scheduled by the stitch flow (else by TVM's own rules, e.g. a fallback)
+    local_elements: int = 0  # elements of the largest thread-local array in the kernel's TIR
+    register_budget: int = 0  # the plan's register budget (elements), 0 when it has none
     problems: list[str] = field(default_factory=list)
 
 
@@ -136,8 +140,31 @@ def _launches(scheduled: IRModule, arch: str) -> Iterator[tuple[str, KernelLaunc
             yield gv.name_hint, launch, ana, lowered
 
 
+def local_arrays(kernel: tirx.PrimFunc) -> dict[str, int]:
+    """The thread-local arrays (``local`` scope allocations) of a finalised device kernel:
+    buffer name -> elements (-1 when its shape is not a constant)."""
+    found: dict[str, int] = {}
+
+    def visit(alloc: tirx.AllocBuffer) -> None:
+        buffer = alloc.buffer
+        if buffer.scope() == "local":
+            dims = [int(d) if isinstance(d, tirx.IntImm) else -1 for d in buffer.shape]
+            found[buffer.name] = -1 if -1 in dims else math.prod(dims)
+
+    tvm_ffi.structural_walk(kernel, [(tirx.AllocBuffer, visit)])
+    return found
+
+
+def _register_budgets(plan: StitchPlan | None) -> dict[str, int]:
+    """The plan's register budget (elements per thread) of each stitched function."""
+    if plan is None:
+        return {}
+    return {g.function: cached_elements_cap(g.launch) for g in plan.groups if g.launch}
+
+
 def _check(arch: str, func: str, launch: KernelLaunch, ana: Analyzer,
-           res: KernelResources | None, grid_barrier: bool, stitched: bool) -> KernelCheck:
+           res: KernelResources | None, grid_barrier: bool, stitched: bool,
+           local: dict[str, int], budget: int) -> KernelCheck:
     grid, block = launch.geometry(ana)
     threads, blocks = math.prod(block), math.prod(grid)
     registers = res.registers if res else 0
@@ -146,8 +173,10 @@ def _check(arch: str, func: str, launch: KernelLaunch, ana: Analyzer,
     stack = res.stack_bytes if res else 0
     sm = SMS[arch]
     wave = sm.sms * blocks_per_sm(sm, threads, registers, shared)
+    largest = max(local.values(), default=0)
     check = KernelCheck(arch, func, launch.kernel, grid, block, registers, shared, spills,
-                        stack, grid_barrier, wave, stitched)
+                        stack, grid_barrier, wave, stitched,
+                        -1 if -1 in local.values() else largest, budget)
     problems = check.problems
     if threads > MAX_THREADS_PER_BLOCK or block[2] > 64:
         problems.append(f"{threads} threads per block (block {block})")
@@ -164,8 +193,13 @@ def _check(arch: str, func: str, launch: KernelLaunch, ana: Analyzer,
     if res is not None and spills:
         problems.append(f"spills {spills} B (stores {res.spill_store_bytes}, loads "
                         f"{res.spill_load_bytes})")
-    if stack > MAX_STACK_BYTES:
+    if stack > (0 if stitched else MAX_STACK_BYTES):
         problems.append(f"{stack} B of local memory (stack frame) per thread")
+    if stitched:
+        over = {n: e for n, e in local.items() if e < 0 or e > budget}
+        problems.extend(f"thread-local array {n} of {'unknown' if e < 0 else e} elements, "
+                        f"more than the plan's register budget ({budget})"
+                        for n, e in over.items())
     if grid_barrier and blocks > wave:
         problems.append(f"grid barrier with {blocks} blocks, more than one wave ({wave})")
     return check
@@ -184,7 +218,9 @@ def check_resources(scheduled: IRModule, plan: StitchPlan | None = None,
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         compiled = dict(zip(sources, pool.map(lambda job: ptxas_resources(*job), sources),
                             strict=True))
+    budgets = _register_budgets(plan)
     return ResourceReport([
         _check(arch, func, launch, ana, compiled[lowered.source(), arch].get(launch.kernel),
-               func in barriers, func in stitched)
+               func in barriers, func in stitched, local_arrays(lowered.kernel(launch.kernel)),
+               budgets.get(func, 0))
         for arch, func, launch, ana, lowered in launches])
