@@ -5,9 +5,12 @@ from __future__ import annotations
 import os
 
 import onnx
+from onnx import numpy_helper
 from tvm.ir import IRModule
 from tvm.relax.frontend.onnx import from_onnx
 from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter, _get_convert_map
+
+from .outputs import OutputError, rewrite
 
 # Element types the stitch and baseline flows compile and the SIMT runner can execute.
 SUPPORTED_ELEM_TYPES = {
@@ -32,6 +35,12 @@ IGNORED_ATTRIBUTES = {
     ("IsInf", "detect_positive"): 1,
     ("IsInf", "detect_negative"): 1,
     ("BatchNormalization", "training_mode"): 0,
+}
+
+# Ops whose TVM 0.27 converter implements something else under the same name.
+MISCONVERTED_OPS = {
+    "Attention": "TVM's converter of this name implements com.microsoft's Attention, whose "
+                 "inputs and attributes differ from ONNX's Attention",
 }
 
 
@@ -65,6 +74,11 @@ def _check_supported(model: onnx.ModelProto) -> None:
             raise ModelError(
                 f"{label}: operator {node.op_type} has no TVM importer (opset {opset})"
             )
+        if node.op_type in MISCONVERTED_OPS:
+            raise ModelError(f"{label}: not supported: {MISCONVERTED_OPS[node.op_type]}")
+        if node.op_type == "Dropout" and not _constant_false(model, node.input[2:3]):
+            raise ModelError(f"{label}: a training_mode input that may be true is not "
+                             "supported (TVM's importer ignores it; the mask is random)")
         for attr in node.attribute:
             default = IGNORED_ATTRIBUTES.get((node.op_type, attr.name))
             if default is not None and onnx.helper.get_attribute_value(attr) != default:
@@ -81,10 +95,27 @@ def _check_supported(model: onnx.ModelProto) -> None:
             raise ModelError(f"value {value.name!r}: element type {name} is not supported")
 
 
+def _constant_false(model: onnx.ModelProto, names: list[str]) -> bool:
+    """Whether the optional input ``names`` (at most one) is absent or an initializer holding
+    false."""
+    name = names[0] if names else ""
+    if not name:
+        return True
+    value = next((t for t in model.graph.initializer if t.name == name), None)
+    return value is not None and not bool(numpy_helper.to_array(value))
+
+
 def import_model(model: str | os.PathLike | onnx.ModelProto,
                  shape_dict: dict[str, list[int]] | None = None) -> IRModule:
-    """Check an ONNX model and import it into Relax (weights become constants of ``main``)."""
+    """Check an ONNX model and import it into Relax (weights become constants of ``main``).
+
+    Outputs of multi-output ops that TVM's importer would get wrong are rewritten into ops it
+    gets right, or refused (``frontend.outputs``)."""
     model = load(model)
+    try:
+        model = rewrite(model)
+    except OutputError as err:
+        raise ModelError(str(err)) from err
     failed_ops: list[str] = []
     convert = ONNXGraphImporter._convert_operator
 

@@ -8,8 +8,8 @@ movement), which includes the ``_expanded`` variants that spell a function op ou
 
 Integer inputs that only feed shape-like operands (axes, shapes, repeats, slice bounds) become
 initializers holding the test's value: the flows compile static shapes, and these values decide
-shapes. LayerNormalization's optional training outputs (Mean, InvStdDev), which TVM's importer
-does not compute, are dropped from its cases, which then check Y alone.
+shapes. Every output of a case is checked, LayerNormalization's Mean and InvStdDev included
+(the front end computes them, ``frontend.outputs``).
 
 Each case is then checked like a fuzzed graph (``differential.check_model``) against
 the expected outputs, and gets one of three statuses:
@@ -72,12 +72,9 @@ ACCEPTED_OPS = ELEMENTWISE_OPS | REDUCTION_OPS | NORMALISATION_OPS | DATA_MOVEME
 # Operand positions that hold shapes, axes or bounds rather than data.
 _SHAPE_OPERANDS = {
     "Reshape": {1}, "Expand": {1}, "Tile": {1}, "Squeeze": {1}, "Unsqueeze": {1},
-    "Split": {1}, "Slice": {1, 2, 3, 4}, **{op: {1} for op in REDUCTION_OPS},
+    "Split": {1}, "Slice": {1, 2, 3, 4}, "TopK": {1}, **{op: {1} for op in REDUCTION_OPS},
 }
 
-
-# Ops whose trailing outputs are optional training outputs; the count of inference outputs.
-_INFERENCE_OUTPUTS = {"LayerNormalization": 1}
 
 
 @dataclass
@@ -139,25 +136,7 @@ def prepare(case) -> tuple[onnx.ModelProto, dict[str, np.ndarray], list[np.ndarr
     del graph.input[:]
     graph.input.extend(keep)
     feeds = {v.name: values[v.name] for v in keep}
-    return model, feeds, _drop_training_outputs(graph, expected)
-
-
-def _drop_training_outputs(graph: onnx.GraphProto, expected: list) -> list:
-    """Remove the optional training outputs TVM's importer does not compute (LayerNormalization's
-    Mean and InvStdDev) from a single-node graph, with their expected values."""
-    if len(graph.node) != 1 or graph.node[0].op_type not in _INFERENCE_OUTPUTS:
-        return expected
-    node = graph.node[0]
-    kept = _INFERENCE_OUTPUTS[node.op_type]
-    if len(node.output) <= kept:
-        return expected
-    dropped = set(node.output[kept:])
-    del node.output[kept:]
-    outputs = [v for v in graph.output if v.name not in dropped]
-    expected = [e for v, e in zip(graph.output, expected, strict=True) if v.name not in dropped]
-    del graph.output[:]
-    graph.output.extend(outputs)
-    return expected
+    return model, feeds, expected
 
 
 def _array(value: object) -> object:
