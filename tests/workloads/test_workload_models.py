@@ -108,7 +108,7 @@ def test_model_ci_export_matches_torch(name: str, shared_cache: Path) -> None:
     spec = models.spec(name, "ci")
     assert [(i.name, tuple(d.dim_value for d in i.type.tensor_type.shape.dim))
             for i in model.graph.input] == [(t.name, t.shape) for t in spec.inputs]
-    batch, seq = (int(part.split()[-1]) for part in spec.summary.split(",")[0].split(" x "))
+    batch, seq = (int(part.split()[-1]) for part in spec.summary.split(",")[1].split(" x "))
     assert spec.inputs[0].shape[0] == batch and any(t.shape[1] == seq for t in spec.inputs)
     (got,) = _run(model, seed=3)
     torch.manual_seed(models.SEED)

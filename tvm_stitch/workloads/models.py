@@ -1,4 +1,8 @@
-"""Real-architecture blocks (one layer each) exported to ONNX from torch, cached on disk.
+"""Real-architecture models exported to ONNX from torch, cached on disk.
+
+Each is a stack of identical layers (``LAYERS``: 2 at ``ci``, 4 at ``real``), as users compile
+them: identical layers must be stitched alike, and a depth knob (``spec(..., layers=N)``)
+exports the same model at any depth.
 
 ``transformers`` models are built from config objects with seeded random weights (nothing is
 downloaded). Files live outside git in ``$TVM_STITCH_MODEL_CACHE`` (default
@@ -31,6 +35,11 @@ from .registry import SIZE_KEY, WORKLOAD_KEY, Workload, register
 SEED = 0
 # Bump when export settings change in a way the spec does not show, to re-export cached files.
 SCHEMA = 1
+LAYERS = {"ci": 2, "real": 4}
+"""Layers of each model workload at each size."""
+LAYER_KEYS = {"bert": "num_hidden_layers", "gpt2": "n_layer", "llama": "num_hidden_layers",
+              "t5": "num_layers", "dien": "layers"}
+"""The config entry that sets the depth of each architecture."""
 CACHE_ENV = "TVM_STITCH_MODEL_CACHE"
 EXPORT_KEY = "tvm_stitch.export"
 INSTALL_HINT = (
@@ -65,6 +74,17 @@ class ExportSpec:
     dynamo: bool = True
     opset: int = 18
 
+    @property
+    def layers(self) -> int:
+        """How many identical layers the model stacks."""
+        return int(self.config[LAYER_KEYS[self.arch]])
+
+    def deepened(self, layers: int) -> ExportSpec:
+        """The same model with ``layers`` layers."""
+        config = {**self.config, LAYER_KEYS[self.arch]: layers}
+        summary = self.summary.replace(f"{self.layers} layers, ", f"{layers} layers, ")
+        return replace(self, config=config, summary=summary)
+
     def fingerprint(self) -> str:
         """A hash of the spec, the seed and SCHEMA, stored in the file to detect stale caches."""
         data = json.dumps([SCHEMA, SEED, asdict(self)], sort_keys=True, default=str)
@@ -81,51 +101,53 @@ def _token_inputs(batch: int, seq: int, vocab: int, mask: bool = False) -> tuple
 def _transformer(arch: str, config: dict[str, Any], batch: int, seq: int, *, hidden: int,
                  heads: int, ffn: int, vocab: int, mask: bool = False, dynamo: bool = True,
                  opset: int = 18) -> ExportSpec:
-    """The spec of a one-layer transformers model fed token ids of batch x seq."""
-    summary = f"batch {batch} x seq {seq}, hidden {hidden}, {heads} heads, ffn {ffn}, vocab {vocab}"
+    """The spec of a transformers model fed token ids of batch x seq."""
+    layers = config[LAYER_KEYS[arch]]
+    summary = (f"{layers} layers, batch {batch} x seq {seq}, hidden {hidden}, {heads} heads, "
+               f"ffn {ffn}, vocab {vocab}")
     return ExportSpec(arch, config, _token_inputs(batch, seq, vocab, mask), "last_hidden_state",
                       summary, dynamo, opset)
 
 
-def _bert(batch: int, seq: int, hidden: int, heads: int, ffn: int, vocab: int,
+def _bert(layers: int, batch: int, seq: int, hidden: int, heads: int, ffn: int, vocab: int,
           positions: int) -> ExportSpec:
     config = dict(vocab_size=vocab, hidden_size=hidden, num_attention_heads=heads,
                   intermediate_size=ffn, max_position_embeddings=positions,
-                  num_hidden_layers=1, attn_implementation="eager")
+                  num_hidden_layers=layers, attn_implementation="eager")
     return _transformer("bert", config, batch, seq, hidden=hidden, heads=heads, ffn=ffn,
                         vocab=vocab, mask=True)
 
 
-def _gpt2(batch: int, seq: int, hidden: int, heads: int, vocab: int,
+def _gpt2(layers: int, batch: int, seq: int, hidden: int, heads: int, vocab: int,
           positions: int) -> ExportSpec:
     config = dict(vocab_size=vocab, n_embd=hidden, n_head=heads, n_positions=positions,
-                  n_layer=1, bos_token_id=vocab - 1, eos_token_id=vocab - 1,
+                  n_layer=layers, bos_token_id=vocab - 1, eos_token_id=vocab - 1,
                   attn_implementation="eager")
     return _transformer("gpt2", config, batch, seq, hidden=hidden, heads=heads, ffn=4 * hidden,
                         vocab=vocab)
 
 
-def _llama(batch: int, seq: int, hidden: int, heads: int, kv_heads: int, ffn: int, vocab: int,
-           positions: int) -> ExportSpec:
+def _llama(layers: int, batch: int, seq: int, hidden: int, heads: int, kv_heads: int,
+           ffn: int, vocab: int, positions: int) -> ExportSpec:
     config = dict(vocab_size=vocab, hidden_size=hidden, num_attention_heads=heads,
                   num_key_value_heads=kv_heads, intermediate_size=ffn,
-                  max_position_embeddings=positions, num_hidden_layers=1,
+                  max_position_embeddings=positions, num_hidden_layers=layers,
                   attn_implementation="eager")
     spec = _transformer("llama", config, batch, seq, hidden=hidden, heads=heads, ffn=ffn,
                         vocab=vocab)
     return replace(spec, summary=f"{spec.summary}, {kv_heads} kv head{'s' * (kv_heads > 1)}")
 
 
-def _t5(batch: int, seq: int, hidden: int, heads: int, head_dim: int, ffn: int,
+def _t5(layers: int, batch: int, seq: int, hidden: int, heads: int, head_dim: int, ffn: int,
         vocab: int) -> ExportSpec:
     config = dict(vocab_size=vocab, d_model=hidden, d_kv=head_dim, num_heads=heads, d_ff=ffn,
-                  num_layers=1, attn_implementation="eager")
+                  num_layers=layers, attn_implementation="eager")
     # The dynamo exporter fails on T5's relative position buckets; the legacy one works at 17.
     return _transformer("t5", config, batch, seq, hidden=hidden, heads=heads, ffn=ffn,
                         vocab=vocab, dynamo=False, opset=17)
 
 
-def _dien(batch: int, seq: int, dim: int, attention_hidden: tuple[int, ...],
+def _dien(layers: int, batch: int, seq: int, dim: int, attention_hidden: tuple[int, ...],
           mlp_hidden: tuple[int, ...]) -> ExportSpec:
     inputs = (
         TensorSpec("user", (batch, dim), "float32"),
@@ -133,8 +155,9 @@ def _dien(batch: int, seq: int, dim: int, attention_hidden: tuple[int, ...],
         TensorSpec("behaviors", (batch, seq, dim), "float32"),
         TensorSpec("behavior_mask", (batch, seq), "float32", prefix(0.0, 1.0)),
     )
-    config = dict(dim=dim, attention_hidden=attention_hidden, mlp_hidden=mlp_hidden)
-    summary = (f"batch {batch} x seq {seq}, embedding {dim}, attention MLP "
+    config = dict(dim=dim, attention_hidden=attention_hidden, mlp_hidden=mlp_hidden,
+                  layers=layers)
+    summary = (f"{layers} layers, batch {batch} x seq {seq}, embedding {dim}, attention MLP "
                f"{'-'.join(map(str, attention_hidden))}, MLP {'-'.join(map(str, mlp_hidden))}")
     return ExportSpec("dien", config, inputs, "ctr", summary)
 
@@ -143,52 +166,61 @@ SPECS: dict[str, tuple[str, dict[str, ExportSpec]]] = {
     "bert_layer": (
         "BERT encoder layer with embeddings and padding mask (transformers BertModel)",
         {
-            "ci": _bert(2, 32, hidden=64, heads=2, ffn=256, vocab=100, positions=64),
-            "real": _bert(8, 128, hidden=768, heads=12, ffn=3072, vocab=30522, positions=512),
+            "ci": _bert(LAYERS["ci"], 2, 32, hidden=64, heads=2, ffn=256, vocab=100,
+                        positions=64),
+            "real": _bert(LAYERS["real"], 8, 128, hidden=768, heads=12, ffn=3072, vocab=30522,
+                          positions=512),
         },
     ),
     "gpt2_block": (
         "GPT-2 decoder block with embeddings, causal attention (transformers GPT2Model)",
         {
-            "ci": _gpt2(2, 32, hidden=64, heads=2, vocab=100, positions=64),
-            "real": _gpt2(8, 512, hidden=768, heads=12, vocab=50257, positions=1024),
+            "ci": _gpt2(LAYERS["ci"], 2, 32, hidden=64, heads=2, vocab=100, positions=64),
+            "real": _gpt2(LAYERS["real"], 8, 512, hidden=768, heads=12, vocab=50257,
+                          positions=1024),
         },
     ),
     "llama_block": (
         "LLaMA decoder block: RMSNorm, rotary, grouped-query attention, SiLU-gated MLP",
         {
-            "ci": _llama(2, 32, hidden=64, heads=2, kv_heads=1, ffn=176, vocab=100,
-                         positions=64),
+            "ci": _llama(LAYERS["ci"], 2, 32, hidden=64, heads=2, kv_heads=1, ffn=176,
+                         vocab=100, positions=64),
             # TinyLlama-1.1B's layer shape.
-            "real": _llama(8, 512, hidden=2048, heads=32, kv_heads=4, ffn=5632, vocab=32000,
-                           positions=2048),
+            "real": _llama(LAYERS["real"], 8, 512, hidden=2048, heads=32, kv_heads=4,
+                           ffn=5632, vocab=32000, positions=2048),
         },
     ),
     "t5_block": (
         "T5 encoder block: RMS-style LayerNorm, relative position bias, ReLU MLP",
         {
-            "ci": _t5(2, 32, hidden=64, heads=2, head_dim=32, ffn=256, vocab=100),
-            "real": _t5(8, 512, hidden=768, heads=12, head_dim=64, ffn=3072, vocab=32128),
+            "ci": _t5(LAYERS["ci"], 2, 32, hidden=64, heads=2, head_dim=32, ffn=256,
+                      vocab=100),
+            "real": _t5(LAYERS["real"], 8, 512, hidden=768, heads=12, head_dim=64, ffn=3072,
+                        vocab=32128),
         },
     ),
     "dien_block": (
         "DIEN-like interest block: target attention over behaviours, masked softmax, MLP",
         {
-            "ci": _dien(16, 16, dim=32, attention_hidden=(80, 40), mlp_hidden=(200, 80)),
-            "real": _dien(512, 100, dim=36, attention_hidden=(80, 40), mlp_hidden=(200, 80)),
+            "ci": _dien(LAYERS["ci"], 16, 16, dim=32, attention_hidden=(80, 40),
+                        mlp_hidden=(200, 80)),
+            "real": _dien(LAYERS["real"], 512, 100, dim=36, attention_hidden=(80, 40),
+                          mlp_hidden=(200, 80)),
         },
     ),
 }
 
 
-def spec(name: str, size: str) -> ExportSpec:
-    """The export spec of model workload ``name`` at ``size``."""
+def spec(name: str, size: str, layers: int | None = None) -> ExportSpec:
+    """The export spec of model workload ``name`` at ``size`` (with ``layers`` layers instead
+    of the size's ``LAYERS``)."""
     if name not in SPECS:
         raise KeyError(f"unknown model workload {name!r}; known: {', '.join(SPECS)}")
     sizes = SPECS[name][1]
     if size not in sizes:
         raise ValueError(f"{name} has no size {size!r}; sizes: {', '.join(sizes)}")
-    return sizes[size]
+    found = sizes[size]
+    return found if layers is None or layers == found.layers else found.deepened(layers)
 
 
 def cache_dir() -> Path:
@@ -198,9 +230,12 @@ def cache_dir() -> Path:
     return Path(override) if override else Path.home() / ".cache" / "tvm-stitch" / "models"
 
 
-def cached_path(name: str, size: str, directory: Path | None = None) -> Path:
-    """The cache file of model ``name`` at ``size`` (in ``directory``, default cache_dir())."""
-    return (directory or cache_dir()) / f"{name}-{size}.onnx"
+def cached_path(name: str, size: str, directory: Path | None = None,
+                layers: int | None = None) -> Path:
+    """The cache file of model ``name`` at ``size`` (in ``directory``, default cache_dir());
+    a depth other than the size's own is named in the file name."""
+    depth = "" if layers is None or layers == LAYERS[size] else f"-{layers}layers"
+    return (directory or cache_dir()) / f"{name}-{size}{depth}.onnx"
 
 
 def _require_extra(name: str) -> None:
@@ -247,13 +282,15 @@ def _torch_export(module: Any, example: tuple[Any, ...], spec: ExportSpec) -> on
         return onnx.load_from_string(buffer.getvalue())
 
 
-def export_model(name: str, size: str, path: Path | None = None) -> onnx.ModelProto:
-    """Export model workload ``name`` at ``size`` with seeded weights; also save it at ``path``.
+def export_model(name: str, size: str, path: Path | None = None,
+                 layers: int | None = None) -> onnx.ModelProto:
+    """Export model workload ``name`` at ``size`` (``layers`` deep, default the size's) with
+    seeded weights; also save it at ``path``.
 
     Deterministic: the same spec, seed and library versions give byte-identical files.
     Raises ModelsExtraMissing when torch, transformers or onnxscript is not installed.
     """
-    export = spec(name, size)
+    export = spec(name, size, layers)
     _require_extra(name)
     import torch
 
@@ -280,15 +317,17 @@ def export_model(name: str, size: str, path: Path | None = None) -> onnx.ModelPr
     return model
 
 
-def load_model(name: str, size: str, directory: Path | None = None) -> onnx.ModelProto:
-    """Model workload ``name`` at ``size`` from the cache (``directory``, default cache_dir()),
-    exported there first if missing or stale (see export_model)."""
-    path = cached_path(name, size, directory)
+def load_model(name: str, size: str, directory: Path | None = None,
+               layers: int | None = None) -> onnx.ModelProto:
+    """Model workload ``name`` at ``size`` (``layers`` deep, default the size's) from the cache
+    (``directory``, default cache_dir()), exported there first if missing or stale (see
+    export_model)."""
+    path = cached_path(name, size, directory, layers)
     if path.exists():
         model = onnx.load(path)
-        if get_metadata(model, EXPORT_KEY) == spec(name, size).fingerprint():
+        if get_metadata(model, EXPORT_KEY) == spec(name, size, layers).fingerprint():
             return model
-    return export_model(name, size, path)
+    return export_model(name, size, path, layers)
 
 
 for _name, (_description, _sizes) in SPECS.items():

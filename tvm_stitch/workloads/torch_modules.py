@@ -50,23 +50,29 @@ class DienBlock(nn.Module):
     An attention MLP scores every behaviour against the target item; a masked softmax over the
     sequence weights the behaviours into one interest vector; user, target, interest and
     target * interest are concatenated into a PReLU MLP ending in a sigmoid (click probability).
+    With ``layers`` > 1 the interest is refined in hops (as in multi-hop memory attention):
+    each further layer's attention MLP scores the behaviours against the previous interest.
     """
 
     def __init__(self, dim: int, attention_hidden: Sequence[int],
-                 mlp_hidden: Sequence[int]) -> None:
+                 mlp_hidden: Sequence[int], layers: int = 1) -> None:
         super().__init__()
-        self.attention = _mlp([4 * dim, *attention_hidden], nn.Sigmoid)
+        self.hops = nn.ModuleList(_mlp([4 * dim, *attention_hidden], nn.Sigmoid)
+                                  for _ in range(layers))
         self.head = _mlp([4 * dim, *mlp_hidden], nn.PReLU)
 
     def forward(self, user: torch.Tensor, target: torch.Tensor, behaviors: torch.Tensor,
                 behavior_mask: torch.Tensor) -> torch.Tensor:
         """Click probability (batch x 1); ``behavior_mask`` is 1 for real behaviours, 0 for
         padding."""
-        query = target.unsqueeze(1).expand_as(behaviors)
-        features = torch.cat([query, behaviors, query - behaviors, query * behaviors], dim=-1)
-        scores = self.attention(features).squeeze(-1) + (behavior_mask - 1.0) * 10000.0
-        weights = torch.softmax(scores, dim=-1)
-        interest = (weights.unsqueeze(-1) * behaviors).sum(dim=1)
+        interest = target
+        for attention in self.hops:
+            query = interest.unsqueeze(1).expand_as(behaviors)
+            features = torch.cat([query, behaviors, query - behaviors, query * behaviors],
+                                 dim=-1)
+            scores = attention(features).squeeze(-1) + (behavior_mask - 1.0) * 10000.0
+            weights = torch.softmax(scores, dim=-1)
+            interest = (weights.unsqueeze(-1) * behaviors).sum(dim=1)
         joint = torch.cat([user, target, interest, target * interest], dim=-1)
         return torch.sigmoid(self.head(joint))
 
