@@ -8,7 +8,15 @@ a text table. ``ptxas_resources`` reads registers and shared memory from ``ptxas
 
 from .classify import has_contraction
 from .ptxas import KernelResources, PtxasError, lowered_resources, ptxas_resources
-from .report import KernelReport, ModuleReport, analyze, analyze_primfunc, render
+from .report import (
+    KernelReport,
+    ModuleReport,
+    analyze,
+    analyze_primfunc,
+    lowered_reports,
+    render,
+    static_bytes,
+)
 from .roofline import (
     GPU,
     GPUS,
@@ -29,6 +37,8 @@ __all__ = [
     "KernelResources",
     "KernelTraffic",
     "KernelWork",
+    "lowered_reports",
+    "static_bytes",
     "ModuleReport",
     "PtxasError",
     "analyze",

@@ -294,6 +294,20 @@ def analyze_primfunc(func: tirx.PrimFunc, shapes: Sequence[Sequence[int]] | None
     compiles the CUDA source with nvcc to read registers and shared memory.
     """
     lowered = _Lowerer(parse_target(target), resources)(func, name)
+    return _static_reports(lowered, shapes, scalars, exact_guards)
+
+
+def lowered_reports(lowered: LoweredFunc, memory_intensive: bool = True
+                    ) -> list[KernelReport]:
+    """Kernel reports of a PrimFunc already lowered (``tvm_stitch.lowering.lower``) whose
+    buffer shapes are static; raises AnalysisError otherwise."""
+    return _static_reports(_Lowered(lowered, memory_intensive, None), None, None, True)
+
+
+def _static_reports(lowered: _Lowered, shapes: Sequence[Sequence[int]] | None,
+                    scalars: Mapping[str, int] | None, exact_guards: bool
+                    ) -> list[KernelReport]:
+    name = lowered.func.name
     if shapes is None:
         shapes = [[_integer(Analyzer(), d, f"{name}: shape of {p.name}") for d in p.shape]
                   for p in lowered.func.params if isinstance(p.ty, tirx.BufferType)]
@@ -323,6 +337,15 @@ def _shape(ana: Analyzer, ty: relax.TensorType, what: str) -> tuple[int, ...]:
 
 def _tensor_bytes(ana: Analyzer, ty: relax.TensorType, what: str) -> int:
     return math.prod(_shape(ana, ty, what)) * bytes_per_access(str(ty.dtype))
+
+
+def static_bytes(ty: relax.Type) -> int | None:
+    """Bytes of the tensors of a Relax type (a tensor or a tuple of them); None when a shape
+    is symbolic or unknown, or the type holds something else."""
+    try:
+        return sum(_tensor_bytes(Analyzer(), t, "value") for t in _tensor_types(ty, "value"))
+    except AnalysisError:
+        return None
 
 
 def _bind_inputs(main: relax.Function, input_shapes: Shapes | None,

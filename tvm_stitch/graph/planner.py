@@ -13,7 +13,7 @@ from ..plan import ComputeOp, Fallback, Group, Refusal
 from .dataflow import DataflowGraph, dataflow_graphs
 from .dominants import analyse, group_outputs
 from .grouping import OpGroup, group_ops
-from .tvm_fusion import resolve, tvm_fusion_groups
+from .tvm_fusion import FusedGroup, resolve, tvm_fusion_groups
 
 
 @dataclass
@@ -28,13 +28,13 @@ class Draft:
 
 
 def draft_plan(mod: IRModule, excluded: dict[str, str] | None = None,
-               tvm_groups: list[frozenset[relax.Var]] | None = None, func_name: str = "main"
+               tvm_groups: list[FusedGroup] | None = None, func_name: str = "main"
                ) -> Draft:
     """Group the memory-intensive ops of ``mod[func_name]``; ``excluded`` maps op names that
     must fall back to the reason; ``tvm_groups`` are TVM's FuseOps groups of ``mod``
     (computed when not given)."""
     if tvm_groups is None:
-        tvm_groups = tvm_fusion_groups(mod)
+        tvm_groups = tvm_fusion_groups(mod).groups
     draft = Draft(dataflow_graphs(mod, func_name))
     for graph in draft.graphs:
         grouping = group_ops(graph, excluded, resolve(graph, tvm_groups))

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 
 import tvm
 import tvm_ffi
-from tvm import relax
+from tvm import relax, tirx
 from tvm.ir import IRModule
 
+from ..analysis.report import static_bytes
 from .dataflow import DataflowGraph, is_call_tir
 
 # A value key: an unfused binding's (or parameter's) Var, or a tuple describing how a value is
@@ -36,23 +37,46 @@ class _TupleKey:
     fields: tuple[Key, ...]
 
 
-def tvm_fusion_groups(mod: IRModule, func_name: str = "main") -> list[frozenset[relax.Var]]:
-    """The call_tir bindings of ``mod[func_name]`` that FuseOps fuses together, one set of
-    binding variables per call of an outlined function (identical layers give one set each).
+@dataclass(frozen=True)
+class FusedGroup:
+    """The ops of one kernel of TVM's fusion: a call of a function FuseOps outlined, or of a
+    PrimFunc it fused with nothing (``function``, shared by identical groups), ``members``
+    (binding variables of the unfused function) and its compulsory
+    bytes, inputs read once and outputs written once (None when a shape is symbolic): no
+    kernel of TVM's for these ops moves fewer."""
+
+    function: str
+    members: frozenset[relax.Var]
+    compulsory_bytes: int | None
+
+
+@dataclass
+class TVMFusion:
+    """TVM's FuseOps applied to a module: ``fused`` (the outlined module) and its groups."""
+
+    fused: IRModule
+    groups: list[FusedGroup]
+
+
+def tvm_fusion_groups(mod: IRModule, func_name: str = "main") -> TVMFusion:
+    """The call_tir bindings of ``mod[func_name]`` that FuseOps fuses together, one group per
+    call of an outlined function (identical layers give one group each).
 
     ``mod`` must have its op patterns annotated (after AnnotateTIROpPattern).
     """
+    fused = relax.transform.FuseOps()(mod)
     func = mod[func_name]
     if not isinstance(func, relax.Function):
-        return []
-    fused = relax.transform.FuseOps()(mod)
+        return TVMFusion(fused, [])
     index = _ValueIndex(func)
     env: dict[relax.Var, Key] = dict(zip(fused[func_name].params, func.params, strict=True))
-    groups: list[frozenset[relax.Var]] = []
+    groups: list[FusedGroup] = []
     for binding in _bindings(fused[func_name].body):
         callee = _primitive_callee(fused, binding.value)
         if callee is None:
             env[binding.var] = index.take(_key(binding.value, env))
+            if is_call_tir(binding.value) and isinstance(env[binding.var], relax.Var):
+                groups.append(_single(fused, binding, env[binding.var]))
             continue
         inner: dict[relax.Var, Key] = {
             p: _key(a, env) for p, a in zip(callee.params, binding.value.args, strict=True)}
@@ -63,16 +87,31 @@ def tvm_fusion_groups(mod: IRModule, func_name: str = "main") -> list[frozenset[
                 members.add(inner[b.var])
         env[binding.var] = _key(callee.body.body, inner)
         if members:
-            groups.append(frozenset(members))
-    return groups
+            sizes = [static_bytes(p.ty) for p in callee.params] + [static_bytes(callee.ret_ty)]
+            compulsory = None if None in sizes else sum(sizes)
+            groups.append(FusedGroup(binding.value.op.name_hint, frozenset(members), compulsory))
+    return TVMFusion(fused, groups)
 
 
-def resolve(graph: DataflowGraph, groups: list[frozenset[relax.Var]]) -> list[frozenset[int]]:
+def _single(mod: IRModule, binding: relax.Binding, var: relax.Var) -> FusedGroup:
+    """A call_tir FuseOps fused with nothing: a kernel of its own, or none at all for a
+    reshape (TVM's RewriteDataflowReshape makes it a view: 0 bytes)."""
+    callee = binding.value.args[0]
+    args = binding.value.args[1]
+    sizes = [static_bytes(a.ty) for a in (args.fields if isinstance(args, relax.Tuple)
+                                          else [args])] + [static_bytes(binding.var.ty)]
+    func = mod[callee]
+    if isinstance(func, tirx.PrimFunc) and relax.analysis.has_reshape_pattern(func):
+        sizes = [0]
+    return FusedGroup(callee.name_hint, frozenset({var}), None if None in sizes else sum(sizes))
+
+
+def resolve(graph: DataflowGraph, groups: list[FusedGroup]) -> list[frozenset[int]]:
     """The node indices of ``graph`` in each FuseOps group (variables of other blocks are
     left out)."""
     out = []
     for group in groups:
-        nodes = frozenset(n.index for n in map(graph.node_of, group) if n is not None)
+        nodes = frozenset(n.index for n in map(graph.node_of, group.members) if n is not None)
         if nodes:
             out.append(nodes)
     return out

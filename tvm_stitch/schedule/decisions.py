@@ -137,8 +137,17 @@ def target_budget(target: Target | None) -> tuple[int, int]:
     return smem, threads
 
 
+@dataclass(frozen=True)
+class Decided:
+    """A group with its kernel decisions, and its kernel lowered for the target (None when
+    decided without one)."""
+
+    group: Group
+    lowered: LoweredFunc | None
+
+
 def decide(func: tirx.PrimFunc, group: Group, rows: int | None,
-           target: Target | None = None) -> Group:
+           target: Target | None = None) -> Decided:
     """``group`` completed with its kernel decisions for ``func``; raises Unstitchable.
 
     The decisions are checked by scheduling ``func`` with them once (``kernel``) and, given a
@@ -163,11 +172,12 @@ def decide(func: tirx.PrimFunc, group: Group, rows: int | None,
             done = _decide_rows(sch, func, group, rows, reused, budget, max_threads, gpu)
     scheduled = _schedule(func, done)
     if target is None:
-        return done
-    settled = _settle_launch(done, _lower(scheduled, done, target), gpu)
+        return Decided(done, None)
+    lowered = _lower(scheduled, done, target)
+    settled = _settle_launch(done, lowered, gpu)
     if settled is not done:
-        _lower(_schedule(func, settled), settled, target)
-    return settled
+        lowered = _lower(_schedule(func, settled), settled, target)
+    return Decided(settled, lowered)
 
 
 def _schedule(func: tirx.PrimFunc, group: Group) -> tirx.PrimFunc:

@@ -28,6 +28,7 @@ from ..plan import GROUP_ATTR, Fallback, Group, StitchPlan
 from ..schedule.decisions import decide
 from ..schedule.rows import Unstitchable, error_summary
 from .outline import outline
+from .yardstick import Yardstick, global_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -91,11 +92,12 @@ def _stitch_rounds(mod: IRModule, target: Target | None
     its ops back to TVM with the reason, and the others are grouped again without them."""
     excluded: dict[str, str] = {}
     failed: list[Fallback] = []
-    tvm_groups = tvm_fusion_groups(mod)
+    fusion = tvm_fusion_groups(mod)
+    yardstick = Yardstick(fusion, target) if target is not None else None
     for _ in range(MAX_ROUNDS):
-        draft = draft_plan(mod, excluded, tvm_groups)
+        draft = draft_plan(mod, excluded, fusion.groups)
         fused, names = _fuse_groups(mod, draft)
-        groups, failures = _decide_all(fused, draft, names, target)
+        groups, failures = _decide_all(fused, draft, names, target, yardstick)
         for ops, reason in failures:
             excluded.update({op.partition(":")[0]: reason for op in ops})
             failed.append(Fallback(ops, reason))
@@ -130,7 +132,8 @@ def _fuse_groups(mod: IRModule, draft: Draft) -> tuple[IRModule, dict[int, str]]
                                                                    strict=True)}
 
 
-def _decide_all(fused: IRModule, draft: Draft, names: dict[int, str], target: Target | None
+def _decide_all(fused: IRModule, draft: Draft, names: dict[int, str], target: Target | None,
+                yardstick: Yardstick | None
                 ) -> tuple[list[Group], list[tuple[tuple[str, ...], str]]]:
     groups, failures = [], []
     for og, entry in draft.groups:
@@ -140,9 +143,20 @@ def _decide_all(fused: IRModule, draft: Draft, names: dict[int, str], target: Ta
             failures.append((entry.ops, "FuseTIR did not make one PrimFunc"))
             continue
         try:
-            groups.append(decide(func, replace(entry, function=name), og.rows, target))
+            decided = decide(func, replace(entry, function=name), og.rows, target)
         except Unstitchable as err:
             failures.append((entry.ops, str(err)))
+            continue
+        # a Global group's partial sums make a round trip through global memory by design,
+        # bought for parallelism where TVM's kernel leaves most of the GPU idle
+        moved = None if decided.lowered is None else global_bytes(
+            decided.lowered, {p.name for p in func.params} if decided.group.phases else None)
+        worse = None if yardstick is None or moved is None else yardstick.excess(
+            frozenset(n.var for n in og.nodes), moved)
+        if worse:
+            failures.append((entry.ops, worse))
+        else:
+            groups.append(decided.group)
     return groups, failures
 
 

@@ -1,0 +1,89 @@
+"""The yardstick of a stitched group: TVM's own fusion of the same ops.
+
+Stitching must never move more global bytes than TVM's fusion would for the same ops, nor need
+more kernels (a stitched group is one kernel, and it replaces at least one of TVM's). A group
+whose stitched kernel moves more falls back, both counts in its reason: a flat group whose
+transposed output recomputes its producers at other elements, say, re-reads their inputs where
+TVM writes the value once and reads it back.
+
+A Global group (a persistent grid) is measured by what it reads of its inputs and its outputs
+once: its partial sums make a round trip through global memory by design (``global_bytes``).
+The check is cheap where it passes easily: TVM's kernels move at least their
+compulsory bytes (inputs once, outputs once), so a stitched kernel within their sum needs
+nothing more. Only above it are TVM's kernels for those ops scheduled (dlight's default
+rules, as in the baseline flow) and counted, once per outlined function.
+"""
+
+from __future__ import annotations
+
+from tvm import relax, tirx
+from tvm.target import Target
+
+from ..analysis import AnalysisError, lowered_reports
+from ..graph.tvm_fusion import TVMFusion
+from ..lowering import LoweredFunc, lower
+from ..schedule.rule import default_rules, schedule_func
+
+
+def global_bytes(lowered: LoweredFunc, persistent_params: set[str] | None = None
+                 ) -> int | None:
+    """Global bytes all kernels of ``lowered`` move; None when its shapes are symbolic.
+
+    For a Global group give its PrimFunc's parameters (``persistent_params``): its inputs
+    count as read, its outputs once each, and its scratch buffers (partial sums) not at all.
+    Its partial sums and the combination of its outputs go through global memory by design,
+    a few rows of sums that stay in L2, bought for the parallelism TVM's column reductions
+    and long rows lack; what it reads of its inputs is compared like any kernel's."""
+    try:
+        reports = lowered_reports(lowered)
+    except AnalysisError:
+        return None
+    if persistent_params is None:
+        return sum(k.traffic.global_bytes for k in reports)
+    moved: dict[str, int] = {}
+    for report in reports:
+        for name, b in report.traffic.buffers.items():
+            if name in persistent_params:
+                moved[name] = b.size_bytes if b.write_bytes else moved.get(name, 0) + \
+                    b.read_bytes
+    return sum(moved.values())
+
+
+class Yardstick:
+    """TVM's fusion of a module (``tvm_fusion``) as the measure of its stitched groups."""
+
+    def __init__(self, fusion: TVMFusion, target: Target) -> None:
+        self._fusion = fusion
+        self._target = target
+        self._fused_tir = None
+        self._bytes: dict[str, int | None] = {}
+
+    def excess(self, members: frozenset[relax.Var], stitched: int) -> str | None:
+        """Why a stitched kernel of the ops ``members`` moving ``stitched`` bytes is worse
+        than TVM's fusion of the same ops, or None when it is not (or cannot be compared:
+        TVM fuses some of them with other ops, or a shape is symbolic)."""
+        covering = [g for g in self._fusion.groups if g.members & members]
+        if not covering or any(not g.members <= members for g in covering):
+            return None
+        least = [g.compulsory_bytes for g in covering]
+        if None in least or stitched <= sum(least):
+            return None
+        moved = [0 if g.compulsory_bytes == 0 else self._kernel_bytes(g.function)
+                 for g in covering]  # 0: a reshape, which TVM makes a view
+        if None in moved or stitched <= sum(moved):
+            return None
+        return (f"the stitched kernel moves {stitched} B of global memory, TVM's fusion of the "
+                f"same ops {sum(moved)} B in {len(covering)} kernel(s)")
+
+    def _kernel_bytes(self, function: str) -> int | None:
+        if function not in self._bytes:
+            if self._fused_tir is None:
+                self._fused_tir = relax.transform.FuseTIR()(self._fusion.fused)
+            func = self._fused_tir[function]
+            scheduled = None
+            if isinstance(func, tirx.PrimFunc):
+                with self._target:
+                    scheduled = schedule_func(func, self._target, default_rules())
+            self._bytes[function] = None if scheduled is None else global_bytes(
+                lower(scheduled, function, self._target))
+        return self._bytes[function]
