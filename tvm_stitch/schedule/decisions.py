@@ -377,7 +377,7 @@ def _decide_split(func: tirx.PrimFunc, group: Group, rows: int, budget: int,
     try:
         split_rows(sch, func, rows, parts)
         done = _decide_global(sch, func, group, rows * parts, budget, max_threads, gpu,
-                              threads=threads)
+                              threads=threads, split=True)
     except Exception as err:  # noqa: BLE001 - cannot split: a block per row instead
         logger.debug("no task splitting for %s: %s", group.ops, error_summary(err))
         return None
@@ -385,8 +385,8 @@ def _decide_split(func: tirx.PrimFunc, group: Group, rows: int, budget: int,
 
 
 def _decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: int,
-                   budget: int, max_threads: int, gpu: GPU, threads: int | None = None
-                   ) -> Group:
+                   budget: int, max_threads: int, gpu: GPU, threads: int | None = None,
+                   split: bool = False) -> Group:
     """Group with column reductions (Global stitching): row phases and column phases
     (``phases``) on a persistent grid of at most one wave, one row per block at a time.
 
@@ -394,7 +394,8 @@ def _decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows:
     per row tile in shared memory (``accumulator``) that it writes out (``partial``), and the
     next column phase combines them. A row intermediate read in a later phase is recomputed
     there (inlined): nothing but global memory survives a grid barrier. ``threads`` fixes
-    the block size (else the row mapping's).
+    the block size (else the row mapping's). Row blocks must stay in their rows, except in
+    ``split`` rows (task splitting), whose sub-rows write their row's elements by design.
     """
     if is_symbolic(rows):
         raise Unstitchable("symbolic row count: Global stitching needs a persistent grid "
@@ -412,6 +413,8 @@ def _decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows:
     sch = combine_per_reader(sch, func)
     roles = assign_roles(sch, rows)
     infos = _row_infos(sch, rows, roles)
+    if not split:
+        _check_alignment(sch, infos, rows, among_rows=True)
     columns = {name: column_view(sch, sch.get_sblock(name)) for name in roles.columns}
     _decide_staging(sch, func, {**infos, **columns}, rows, dec, roles.levels)
     dec.reductions = sum(1 for info in infos.values() if info.is_reduction)
@@ -713,11 +716,19 @@ def _phases(roles: Roles, tiles: int, threads: int, column_tiles: int = 1
     return tuple(phases)
 
 
-def _check_alignment(sch: s_tir.Schedule, infos: dict[str, BlockRows], rows: int) -> None:
-    """Every write, and every read of a buffer the kernel produces, must stay in the row."""
-    produced = {w.source.name for b in child_blocks(sch) for w in sch.get(b).writes}
-    for block in child_blocks(sch):
-        info = infos[name_of(sch, block)]
+def _check_alignment(sch: s_tir.Schedule, infos: dict[str, BlockRows], rows: int,
+                     among_rows: bool = False) -> None:
+    """Every write, and every read of a buffer the kernel produces, must stay in the row;
+    with ``among_rows`` (a Global group), only reads of what the row blocks of ``infos``
+    produce: the results of column phases and of combinations are read across rows by
+    design. Only the blocks of ``infos`` are checked."""
+    blocks = child_blocks(sch)
+    produced = {w.source.name for b in blocks
+                if not among_rows or name_of(sch, b) in infos for w in sch.get(b).writes}
+    for block in blocks:
+        info = infos.get(name_of(sch, block))
+        if info is None:  # not a row block (a column reduction of a Global group)
+            continue
         stmt = sch.get(block)
         for region in stmt.writes:
             if access_rows(info, region, rows) != "aligned":
@@ -726,7 +737,7 @@ def _check_alignment(sch: s_tir.Schedule, infos: dict[str, BlockRows], rows: int
         for region in stmt.reads:
             if region.source.name in produced and access_rows(info, region, rows) != "aligned":
                 raise Unstitchable(f"block {info.name} reads {region.source.name} from other "
-                                   "rows: needs Global stitching (next issue)")
+                                   "rows")
 
 
 def _decide_inlining(sch: s_tir.Schedule, func: tirx.PrimFunc, infos: dict[str, BlockRows],
