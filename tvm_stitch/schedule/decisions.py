@@ -20,7 +20,7 @@ Works on the fused PrimFunc of a group (FuseTIR's output), block by block:
   reads (``REGISTER_ROW_ELEMENTS`` at most), else to re-reads from global memory; then
   inputs staged per block are demoted, then
   packed rows are halved, then Regional intermediates are recomputed (inlined) instead; if it
-  still does not fit the group needs Global stitching, which comes next, and falls back.
+  still does not fit, the group falls back with the reason.
 """
 
 from __future__ import annotations
@@ -915,14 +915,14 @@ def _fit_budget(sch: s_tir.Schedule, dec: _Decisions, mapping: ThreadMapping,
             except Exception as err:  # noqa: BLE001
                 raise Unstitchable(
                     f"{used} B of shared memory > {budget} B and {victim.name} cannot be "
-                    "recomputed: needs Global stitching (next issue)") from err
+                    "recomputed") from err
             dec.regional.remove(victim)
             dec.inlined.append(victim.block)
             dec.demotions.append(f"intermediate {victim.name} recomputed by its readers "
                                  f"({used} B > {budget} B)")
         else:
-            raise Unstitchable(f"{used} B of shared memory > {budget} B: needs Global "
-                               "stitching (next issue)")
+            raise Unstitchable(f"{used} B of shared memory > {budget} B with every "
+                               "staged buffer demoted")
     return mapping
 
 
