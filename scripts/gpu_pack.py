@@ -436,7 +436,7 @@ def pack_item(
     limits: argparse.Namespace,
 ) -> tuple[dict[str, Any], refs.Program | None]:
     """Build, export and save one workload; returns its manifest entry (and torch program)."""
-    from tvm.relax.frontend.onnx import from_onnx
+    from tvm_stitch.frontend.onnx import import_model
 
     stem = safe_name(item.name)
     store = ArrayStore(seed_base=1000 * index, limit_bytes=int(limits.inline_kb * 1024))
@@ -446,7 +446,7 @@ def pack_item(
     inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
     as_inputs = sum(v.nbytes for v in inits.values()) > limits.embed_mb * 2**20
     params = {n: inits[n] for n in regenerated} if as_inputs else {}
-    mod = from_onnx(weights_as_inputs(model, list(params)))
+    mod = import_model(weights_as_inputs(model, list(params)))
     entry: dict[str, Any] = {
         "name": item.name,
         "kind": item.kind,

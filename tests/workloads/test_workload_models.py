@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -47,7 +48,8 @@ def test_stale_cache_file_is_re_exported(cache: Path, monkeypatch: pytest.Monkey
     onnx.save(stale, workloads.cached_path("t5_block", "ci"))
     calls = []
 
-    def fake_export(name: str, size: str, path: Path | None = None) -> onnx.ModelProto:
+    def fake_export(name: str, size: str, path: Path | None = None,
+                    layers: int | None = None) -> onnx.ModelProto:
         calls.append((name, size, path))
         fresh = onnx.helper.make_model(onnx.helper.make_graph([], "new", [], []))
         set_metadata(fresh, models.EXPORT_KEY, models.spec(name, size).fingerprint())
@@ -108,12 +110,16 @@ def test_model_ci_export_matches_torch(name: str, shared_cache: Path) -> None:
     spec = models.spec(name, "ci")
     assert [(i.name, tuple(d.dim_value for d in i.type.tensor_type.shape.dim))
             for i in model.graph.input] == [(t.name, t.shape) for t in spec.inputs]
-    batch, seq = (int(part.split()[-1]) for part in spec.summary.split(",")[1].split(" x "))
-    assert spec.inputs[0].shape[0] == batch and any(t.shape[1] == seq for t in spec.inputs)
-    (got,) = _run(model, seed=3)
+    batch = int(re.search(r"batch (\d+)", spec.summary).group(1))
+    assert spec.inputs[0].shape[0] == batch and f"{spec.layers} layers" in spec.summary
+    got = _run(model, seed=3)
     torch.manual_seed(models.SEED)
     module = torch_modules.build(spec.arch, spec.config).eval()
     with torch.no_grad():
         want = module(*(torch.from_numpy(a) for a in workloads.inputs(model, 3).values()))
-    assert np.isfinite(got).all()
-    np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-4)
+    want = list(want) if isinstance(want, tuple) else [want]
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        tol = 1e-2 if g.dtype == np.float16 else 1e-4
+        assert np.isfinite(g).all()
+        np.testing.assert_allclose(g, w.numpy(), rtol=tol, atol=tol)

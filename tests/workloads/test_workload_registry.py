@@ -20,7 +20,8 @@ MICRO = [
     "layernorm_softmax_add", "logsoftmax_nll", "layernorm_backward", "batchnorm_train",
     "adam_update", "rowreduce_750000x32", "softmax_64x30000", "colsum_8192x1024",
 ]
-MODELS = ["bert_layer", "gpt2_block", "llama_block", "t5_block", "dien_block"]
+MODELS = ["bert_layer", "gpt2_block", "llama_block", "t5_block", "dien_block", "swin_block",
+          "convnext_block", "mlp_backward", "gpt2_block_fp16", "llama_block_fp16"]
 
 
 def test_registry_holds_every_design_workload() -> None:

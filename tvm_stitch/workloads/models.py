@@ -38,8 +38,12 @@ SCHEMA = 1
 LAYERS = {"ci": 2, "real": 4}
 """Layers of each model workload at each size."""
 LAYER_KEYS = {"bert": "num_hidden_layers", "gpt2": "n_layer", "llama": "num_hidden_layers",
-              "t5": "num_layers", "dien": "layers"}
-"""The config entry that sets the depth of each architecture."""
+              "t5": "num_layers", "dien": "layers", "mlp_backward": "layers",
+              "swin": "depths", "convnext": "depths"}
+"""The config entry that sets the depth of each architecture (for the vision models, the
+depths of their one stage)."""
+LAYER_PERIOD = {"swin": 2}
+"""Architectures whose layers repeat in a cycle: Swin alternates plain and shifted windows."""
 CACHE_ENV = "TVM_STITCH_MODEL_CACHE"
 EXPORT_KEY = "tvm_stitch.export"
 INSTALL_HINT = (
@@ -73,15 +77,24 @@ class ExportSpec:
     summary: str
     dynamo: bool = True
     opset: int = 18
+    fold: bool = False  # fold shape computations with onnxruntime's basic graph optimizer
 
     @property
     def layers(self) -> int:
         """How many identical layers the model stacks."""
-        return int(self.config[LAYER_KEYS[self.arch]])
+        depth = self.config[LAYER_KEYS[self.arch]]
+        return int(depth[0] if isinstance(depth, list | tuple) else depth)
+
+    @property
+    def period(self) -> int:
+        """How many layers make one repeating unit (1: every layer is alike)."""
+        return LAYER_PERIOD.get(self.arch, 1)
 
     def deepened(self, layers: int) -> ExportSpec:
         """The same model with ``layers`` layers."""
-        config = {**self.config, LAYER_KEYS[self.arch]: layers}
+        key = LAYER_KEYS[self.arch]
+        depth = [layers] if isinstance(self.config[key], list | tuple) else layers
+        config = {**self.config, key: depth}
         summary = self.summary.replace(f"{self.layers} layers, ", f"{layers} layers, ")
         return replace(self, config=config, summary=summary)
 
@@ -107,6 +120,40 @@ def _transformer(arch: str, config: dict[str, Any], batch: int, seq: int, *, hid
                f"ffn {ffn}, vocab {vocab}")
     return ExportSpec(arch, config, _token_inputs(batch, seq, vocab, mask), "last_hidden_state",
                       summary, dynamo, opset)
+
+
+def _half(spec: ExportSpec) -> ExportSpec:
+    """``spec`` with float16 weights (and so float16 activations and output)."""
+    return replace(spec, config={**spec.config, "dtype": "float16"},
+                   summary=f"{spec.summary}, float16")
+
+
+def _vision(arch: str, layers: int, batch: int, image: int, patch: int, width: int,
+            heads: int = 0, window: int = 0) -> ExportSpec:
+    """A one-stage transformers vision model fed batch x 3 x image x image."""
+    config: dict[str, Any] = dict(image_size=image, patch_size=patch, num_channels=3,
+                                  depths=[layers])
+    tokens = image // patch
+    summary = (f"{layers} layers, batch {batch} x {image}x{image} images, {tokens}x{tokens} "
+               f"tokens of {width}")
+    if arch == "swin":
+        config.update(embed_dim=width, num_heads=[heads], window_size=window)
+        summary += f", {heads} heads, window {window}"
+    else:
+        config.update(hidden_sizes=[width], num_stages=1)
+    inputs = (TensorSpec("pixel_values", (batch, 3, image, image), "float32"),)
+    # Swin exports with the legacy exporter only; its shape computations are then folded.
+    return ExportSpec(arch, config, inputs, "last_hidden_state", summary,
+                      dynamo=arch != "swin", opset=18 if arch != "swin" else 17,
+                      fold=arch == "swin")
+
+
+def _mlp_backward(layers: int, batch: int, seq: int, hidden: int, ffn: int) -> ExportSpec:
+    inputs = (TensorSpec("x", (batch, seq, hidden), "float32"),
+              TensorSpec("dy", (batch, seq, hidden), "float32"))
+    summary = f"{layers} layers, batch {batch} x seq {seq}, hidden {hidden}, ffn {ffn}"
+    return ExportSpec("mlp_backward", dict(hidden=hidden, ffn=ffn, layers=layers), inputs,
+                      "dx", summary)
 
 
 def _bert(layers: int, batch: int, seq: int, hidden: int, heads: int, ffn: int, vocab: int,
@@ -208,7 +255,32 @@ SPECS: dict[str, tuple[str, dict[str, ExportSpec]]] = {
                           mlp_hidden=(200, 80)),
         },
     ),
+    "swin_block": (
+        "Swin transformer stage: windowed and shifted-window attention, patch embedding",
+        {
+            "ci": _vision("swin", LAYERS["ci"], 2, 32, 2, 32, heads=2, window=4),
+            # Swin-T's first stage at 224x224.
+            "real": _vision("swin", LAYERS["real"], 8, 224, 4, 96, heads=3, window=7),
+        },
+    ),
+    "convnext_block": (
+        "ConvNeXt stage: depthwise 7x7 conv, channels-last LayerNorm, GELU MLP, layer scale",
+        {
+            "ci": _vision("convnext", LAYERS["ci"], 2, 32, 4, 32),
+            "real": _vision("convnext", LAYERS["real"], 8, 224, 4, 96),
+        },
+    ),
+    "mlp_backward": (
+        "Training: the backward of pre-LN transformer MLP blocks (input and weight gradients)",
+        {
+            "ci": _mlp_backward(LAYERS["ci"], 2, 32, hidden=64, ffn=256),
+            "real": _mlp_backward(LAYERS["real"], 8, 512, hidden=768, ffn=3072),
+        },
+    ),
 }
+for _model in ("gpt2_block", "llama_block"):
+    SPECS[f"{_model}_fp16"] = (f"{SPECS[_model][0]}, in float16",
+                               {size: _half(s) for size, s in SPECS[_model][1].items()})
 
 
 def spec(name: str, size: str, layers: int | None = None) -> ExportSpec:
@@ -270,7 +342,8 @@ def _quiet_exporter() -> Iterator[None]:
 def _torch_export(module: Any, example: tuple[Any, ...], spec: ExportSpec) -> onnx.ModelProto:
     import torch
 
-    names = dict(input_names=[t.name for t in spec.inputs], output_names=[spec.output])
+    names = dict(input_names=[t.name for t in spec.inputs],
+                 output_names=getattr(module, "output_names", [spec.output]))
     with torch.no_grad(), _quiet_exporter():
         if spec.dynamo:
             program = torch.onnx.export(module, example, None, dynamo=True, verbose=False,
@@ -280,6 +353,24 @@ def _torch_export(module: Any, example: tuple[Any, ...], spec: ExportSpec) -> on
         torch.onnx.export(module, example, buffer, dynamo=False, opset_version=spec.opset,
                           **names)
         return onnx.load_from_string(buffer.getvalue())
+
+
+def _fold_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` after onnxruntime's basic (semantics-preserving) graph optimizations: the
+    legacy exporter computes Swin's window shapes and paddings at run time (Shape, Range,
+    ConstantOfShape chains) that TVM's importer cannot follow; with static inputs they fold
+    into constants."""
+    import tempfile
+
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    with tempfile.TemporaryDirectory() as tmp:
+        options.optimized_model_filepath = os.path.join(tmp, "folded.onnx")
+        ort.InferenceSession(model.SerializeToString(), options,
+                             providers=["CPUExecutionProvider"])
+        return onnx.load(options.optimized_model_filepath)
 
 
 def export_model(name: str, size: str, path: Path | None = None,
@@ -302,7 +393,9 @@ def export_model(name: str, size: str, path: Path | None = None,
     example = tuple(
         torch.from_numpy(t.dist.sample(rng, t.shape, np.dtype(t.dtype))) for t in export.inputs
     )
-    model = _torch_export(module, example, export)
+    model = _torch_export(torch_modules.exportable(module, example), example, export)
+    if export.fold:
+        model = _fold_shapes(model)
     set_input_dists(model, {t.name: t.dist for t in export.inputs})
     set_metadata(model, EXPORT_KEY, export.fingerprint())
     set_metadata(model, WORKLOAD_KEY, name)

@@ -14,7 +14,11 @@ TRANSFORMERS_ARCHS: dict[str, tuple[str, str, dict[str, Any], dict[str, Any]]] =
     "gpt2": ("GPT2Config", "GPT2Model", {}, {"use_cache": False}),
     "llama": ("LlamaConfig", "LlamaModel", {}, {"use_cache": False}),
     "t5": ("T5Config", "T5EncoderModel", {}, {}),
+    "swin": ("SwinConfig", "SwinModel", {"add_pooling_layer": False}, {}),
+    "convnext": ("ConvNextConfig", "ConvNextModel", {}, {}),
 }
+IMAGE_ARCHS = frozenset({"swin", "convnext"})
+"""Architectures fed images (``pixel_values``) rather than token ids."""
 
 
 class LastHiddenState(nn.Module):
@@ -33,6 +37,75 @@ class LastHiddenState(nn.Module):
         """The encoder/decoder output for ``input_ids`` (and the padding mask, if given)."""
         masks = {} if attention_mask is None else {"attention_mask": attention_mask}
         return self.model(input_ids=input_ids, **masks, **self.call_kwargs).last_hidden_state
+
+
+class ImageHiddenState(nn.Module):
+    """Calls a transformers vision model on ``pixel_values`` and returns
+    ``last_hidden_state``."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """The last stage's features for a batch of images."""
+        return self.model(pixel_values=pixel_values).last_hidden_state
+
+
+class MLPStack(nn.Module):
+    """``layers`` pre-LayerNorm transformer MLP blocks: x + fc2(gelu(fc1(layer_norm(x))))."""
+
+    def __init__(self, hidden: int, ffn: int, layers: int) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.LayerNorm(hidden), nn.Linear(hidden, ffn), nn.GELU(),
+                          nn.Linear(ffn, hidden)) for _ in range(layers))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The stack's output for ``x`` (batch x seq x hidden)."""
+        for block in self.blocks:
+            x = x + block(x)
+        return x
+
+
+class Gradients(nn.Module):
+    """The backward pass of a training step through ``inner``: for an input ``x`` and the
+    gradient ``dy`` of the loss with respect to ``inner(x)``, the gradients with respect to
+    ``x`` and to every parameter (the LayerNorm, GELU and bias gradients, row and column
+    reductions, that a training graph runs between its matmuls)."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        self.output_names = ["dx"] + [f"d_{n.replace('.', '_')}"
+                                      for n, _ in inner.named_parameters()]
+
+    def forward(self, x: torch.Tensor, dy: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``(dx, *dparams)``."""
+        with torch.enable_grad():
+            x = x.detach().requires_grad_(True)
+            y = self.inner(x)
+            return torch.autograd.grad(y, [x, *self.inner.parameters()], dy)
+
+
+class _Traced(nn.Module):
+    def __init__(self, graph: nn.Module, output_names: list[str]) -> None:
+        super().__init__()
+        self.traced = graph
+        self.output_names = output_names
+
+    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(self.traced(*inputs))
+
+
+def exportable(module: nn.Module, example: tuple[torch.Tensor, ...]) -> nn.Module:
+    """``module`` in a form torch's ONNX exporter takes: a Gradients module traced into plain
+    aten ops first (make_fx), since the exporter cannot export ``torch.autograd.grad``."""
+    if not isinstance(module, Gradients):
+        return module
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    return _Traced(make_fx(module)(*example), module.output_names)
 
 
 def _mlp(widths: Sequence[int], activation: type[nn.Module]) -> nn.Sequential:
@@ -78,16 +151,23 @@ class DienBlock(nn.Module):
 
 
 def build(arch: str, config: dict[str, Any]) -> nn.Module:
-    """A freshly initialised module for ``arch`` (a key of TRANSFORMERS_ARCHS, or ``dien``).
+    """A freshly initialised module for ``arch`` (a key of TRANSFORMERS_ARCHS, ``dien`` or
+    ``mlp_backward``); a ``dtype`` entry of ``config`` casts its weights (``float16``).
 
     Weights come from torch's global RNG: seed it first for a deterministic module.
     """
+    config = dict(config)
+    dtype = getattr(torch, config.pop("dtype", "float32"))
     if arch == "dien":
         return DienBlock(**config)
+    if arch == "mlp_backward":
+        return Gradients(MLPStack(**config))
     import transformers
 
     config_cls, model_cls, model_kwargs, call_kwargs = TRANSFORMERS_ARCHS[arch]
     model = getattr(transformers, model_cls)(
         getattr(transformers, config_cls)(**config), **model_kwargs
-    )
+    ).to(dtype)
+    if arch in IMAGE_ARCHS:
+        return ImageHiddenState(model)
     return LastHiddenState(model, call_kwargs)
