@@ -1,7 +1,7 @@
 """Differential fuzzing of a compile flow on random graphs of memory-intensive ops.
 
     python scripts/fuzz.py --graphs 200 --seed 1 [--jobs 2] [--flow stitch] [--out fuzz-out]
-                           [--regressions tests/regressions/cases]
+                           [--regressions tests/regressions/cases] [--large 0.05]
 
 Each graph is compiled with the flow for a CUDA target, run on the CPU SIMT runner, compared
 with onnxruntime, and every kernel's resources are checked for sm_80 and sm_90. Failures are
@@ -57,8 +57,13 @@ def parse_args(argv: list[str] | None = None) -> Options:
                         help="probability of a float16 graph")
     parser.add_argument("--matmul", type=float, default=GraphConfig.matmul,
                         help="weight of MatMul nodes among the ops (0: none)")
+    parser.add_argument("--large", type=float, default=GraphConfig.large,
+                        help="probability of a graph on a large model-like shape (10^5 to "
+                             "10^7 elements: (B*S, hidden), (B, HW, C), (B, C, H, W), "
+                             "(B, heads, S, S))")
     args = parser.parse_args(argv)
-    config = GraphConfig(max_nodes=args.max_nodes, float16=args.float16, matmul=args.matmul)
+    config = GraphConfig(max_nodes=args.max_nodes, float16=args.float16, matmul=args.matmul,
+                         large=args.large)
     return Options(graphs=args.graphs, seed=args.seed, start=args.start, flow=args.flow,
                    target=args.target, out=args.out, regressions=args.regressions,
                    resources=not args.no_resources, timeout=args.timeout,

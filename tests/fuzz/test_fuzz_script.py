@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import random
 import re
 import time
@@ -18,7 +19,7 @@ from onnx import helper
 from tvm_stitch.testing import fuzz
 from tvm_stitch.testing.differential import Outcome, default_flow
 from tvm_stitch.testing.fuzz import Checker, Options, Summary, minimise, run
-from tvm_stitch.testing.graphs import GraphConfig, graph_from_seed
+from tvm_stitch.testing.graphs import LARGE_SHAPES, GraphConfig, graph_from_seed
 
 SCRIPT = Path(__file__).parents[2] / "scripts" / "fuzz.py"
 SUMMARY = re.compile(r"^graphs=(\d+) mismatches=(\d+) crashes=(\d+) fallbacks=(\d+) "
@@ -139,6 +140,26 @@ def test_bounded_sample_is_clean(capsys: pytest.CaptureFixture) -> None:
                              "--shrink-budget", "0"])
     out = capsys.readouterr().out
     assert status == 0, out
+
+
+def test_bounded_large_shape_sample_is_clean(capsys: pytest.CaptureFixture) -> None:
+    """The CI sample of the large-shape mode: graphs on model shapes of 10^5 to 10^7
+    elements, resources checked (no spills, stack frames or thread-local arrays over the
+    plan's budget)."""
+    status = _script().main(["--graphs", "3", "--seed", str(CI_SEED), "--large", "1",
+                             "--timeout", "0", "--shrink-budget", "0"])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert "graphs=3 mismatches=0 crashes=0" in out
+
+
+def test_large_shape_mode_draws_model_shapes() -> None:
+    config = GraphConfig(large=1.0)
+    shapes = {tuple(d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim)
+              for model, _ in (graph_from_seed(f"large:{i}", config) for i in range(12))}
+    assert shapes <= set(LARGE_SHAPES) and len(shapes) > 3
+    assert all(10**5 <= math.prod(s) <= 10**7 for s in LARGE_SHAPES)
+    assert {len(s) for s in LARGE_SHAPES} == {2, 3, 4}
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import onnx
@@ -36,6 +36,12 @@ INPUT_BOUND = 6.0  # standard-normal inputs: |x| > 6 has probability 2e-9 per el
 ROW_LENGTHS = (1, 8, 2, 3, 5, 7, 13, 16, 31, 32, 64, 100, 127, 128, 255, 256, 512, 768, 1000,
                1024, 2048, 4097, 30000)
 ROW_COUNTS = (1, 4, 2, 3, 7, 8, 16, 31, 64, 128, 257, 1000, 2048)
+# The large-shape mode: 10^5 to 10^7 elements in the shapes models have, simplest first:
+# (B*S, hidden), (B, HW, C), (B, C, H, W), (B, heads, S, S), and few long / many short rows.
+LARGE_SHAPES = ((4096, 768), (1000, 128), (2048, 4096), (2, 784, 384), (8, 196, 768),
+                (2, 3136, 96), (2, 96, 56, 56), (4, 256, 14, 14), (8, 64, 56, 56),
+                (2, 12, 128, 128), (8, 12, 64, 64), (1, 16, 512, 512), (64, 30000),
+                (300000, 32))
 EXPAND_SIZES = (2, 3, 4, 7, 16)
 MATMUL_WIDTHS = (4, 1, 3, 16, 64, 100)
 POW_EXPONENTS = (2.0, 0.5, 3.0, -1.0, 1.5)
@@ -50,6 +56,7 @@ class GraphConfig:
     float16: float = 0.2  # probability that a graph computes in float16
     matmul: float = 1.0  # weight of MatMul among the op kinds (0 disables matmuls)
     extra_outputs: float = 0.15  # probability that an intermediate value is also an output
+    large: float = 0.0  # probability that a graph starts from one of LARGE_SHAPES
 
     def bound(self, dtype: str) -> float:
         """Largest magnitude a value may have: keeps rounding errors within the tolerance
@@ -487,8 +494,13 @@ def _base_shape(chooser: Chooser, limit: int) -> tuple[int, ...]:
 def random_graph(chooser: Chooser, config: GraphConfig = GraphConfig()) -> onnx.ModelProto:
     """One random ONNX model (opset 18) built from ``chooser``'s decisions."""
     dtype = "float16" if chooser.boolean(config.float16) else "float32"
+    if config.large and chooser.boolean(config.large):
+        shape = chooser.choice(LARGE_SHAPES)
+        config = replace(config, max_elements=max(config.max_elements, math.prod(shape)))
+    else:
+        shape = _base_shape(chooser, config.max_elements)
     b = _Builder(chooser, config, dtype)
-    b.new_input(_base_shape(chooser, config.max_elements))
+    b.new_input(shape)
     count = chooser.integer(1, config.max_nodes)
     makers = [m for m, _ in _MAKERS]
     weights = [config.matmul if m is _matmul else w for m, w in _MAKERS]
