@@ -41,9 +41,9 @@ class _TupleKey:
 class FusedGroup:
     """The ops of one kernel of TVM's fusion: a call of a function FuseOps outlined, or of a
     PrimFunc it fused with nothing (``function``, shared by identical groups), ``members``
-    (binding variables of the unfused function) and its compulsory
-    bytes, inputs read once and outputs written once (None when a shape is symbolic): no
-    kernel of TVM's for these ops moves fewer."""
+    (binding variables of the unfused function) and its compulsory bytes, inputs read once
+    and outputs written once (None when a shape is symbolic): no kernel of TVM's for these
+    ops moves fewer."""
 
     function: str
     members: frozenset[relax.Var]
