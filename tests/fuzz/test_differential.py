@@ -117,3 +117,15 @@ def test_compare_handles_scalars_dtypes_and_counts() -> None:
     assert not compare([np.array([1], np.int32)], [np.array([1], np.int64)]).ok
     assert not compare([np.zeros(2, np.float32)], []).ok
     assert compare([np.zeros(2, np.float16)], [np.full(2, 5e-3, np.float16)]).ok
+
+
+def test_long_float32_reductions_are_checked_against_float64() -> None:
+    # onnxruntime's float32 sum over 300,000 rows was off by 3e-3 (fuzz seed 2026, large
+    # mode, graph 1): both flows "mismatched" it
+    model = make_model([helper.make_node("ReduceMean", ["x", "axes"], ["y"], keepdims=0)],
+                       {"x": ([200000, 4], F32)}, {"y": ([4], F32)},
+                       {"axes": np.array([0], np.int64)})
+    x = (np.random.default_rng(0).random((200000, 4)) + 1000).astype(np.float32)
+    (got,) = differential.reference_outputs(model, {"x": x})
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, x.astype(np.float64).mean(0).astype(np.float32))

@@ -127,3 +127,19 @@ def test_stitched_kernels_may_have_no_stack_frame(monkeypatch: pytest.MonkeyPatc
     (tvm_kernel,) = check_resources(IRModule({"many_blocks": many_blocks}),
                                     archs=("sm_90",)).kernels
     assert tvm_kernel.problems == []  # TVM's own kernels may keep small arrays
+
+
+def test_a_persistent_grid_is_held_to_the_wave_of_the_gpu_it_was_planned_for() -> None:
+    # 100000 blocks exceed a wave everywhere; what matters is which GPU's wave is checked
+    mod = IRModule({"many_blocks": many_blocks})
+    edges = (Edge("a", "b", Scheme.GLOBAL),)
+
+    def plan_for(gpu: str) -> StitchPlan:
+        return StitchPlan(groups=(Group(0, ("a", "b"), ("x",), ("y",), (), edges,
+                                        function="many_blocks",
+                                        launch=Launch(gpu, 32, 0, 32, 64, 132, 100000)),))
+
+    on_a100 = check_resources(mod, plan_for("A100"), archs=("sm_80",))
+    assert any("more than one wave" in v for v in on_a100.tvm_violations)
+    planned_for_h200 = check_resources(mod, plan_for("H200"), archs=("sm_80",))
+    assert not any("more than one wave" in v for v in planned_for_h200.tvm_violations)

@@ -15,7 +15,8 @@ architecture (``nvcc -Xptxas -v`` on TVM's CUDA source for that architecture, re
   than the plan's register budget for the group (``occupancy.cached_elements_cap``);
 - kernels with a grid barrier: at most one wave of blocks (every block resident at once, or
   the barrier deadlocks), from the occupancy of the kernel's threads, registers and shared
-  memory on the architecture's GPU.
+  memory on the architecture's GPU; for a stitched kernel, on the GPU its plan was made for
+  only (a persistent grid is sized to one wave of that GPU).
 
 Violations are split by who scheduled the kernel: the stitch flow (PrimFuncs carrying the plan's
 group attribute) or TVM's own rules (the baseline flow, and regions the plan left to TVM).
@@ -162,9 +163,16 @@ def _register_budgets(plan: StitchPlan | None) -> dict[str, int]:
     return {g.function: cached_elements_cap(g.launch) for g in plan.groups if g.launch}
 
 
+def _planned_gpus(plan: StitchPlan | None) -> dict[str, str]:
+    """The GPU each stitched function's launch was planned for."""
+    if plan is None:
+        return {}
+    return {g.function: g.launch.gpu for g in plan.groups if g.launch}
+
+
 def _check(arch: str, func: str, launch: KernelLaunch, ana: Analyzer,
            res: KernelResources | None, grid_barrier: bool, stitched: bool,
-           local: dict[str, int], budget: int) -> KernelCheck:
+           local: dict[str, int], budget: int, planned_gpu: str = "") -> KernelCheck:
     grid, block = launch.geometry(ana)
     threads, blocks = math.prod(block), math.prod(grid)
     registers = res.registers if res else 0
@@ -200,7 +208,9 @@ def _check(arch: str, func: str, launch: KernelLaunch, ana: Analyzer,
         problems.extend(f"thread-local array {n} of {'unknown' if e < 0 else e} elements, "
                         f"more than the plan's register budget ({budget})"
                         for n, e in over.items())
-    if grid_barrier and blocks > wave:
+    # a persistent grid is sized to one wave of the GPU it was planned for (README, Limits):
+    # on another architecture only the other limits apply
+    if grid_barrier and blocks > wave and planned_gpu in ("", sm.name):
         problems.append(f"grid barrier with {blocks} blocks, more than one wave ({wave})")
     return check
 
@@ -218,9 +228,9 @@ def check_resources(scheduled: IRModule, plan: StitchPlan | None = None,
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         compiled = dict(zip(sources, pool.map(lambda job: ptxas_resources(*job), sources),
                             strict=True))
-    budgets = _register_budgets(plan)
+    budgets, gpus = _register_budgets(plan), _planned_gpus(plan)
     return ResourceReport([
         _check(arch, func, launch, ana, compiled[lowered.source(), arch].get(launch.kernel),
                func in barriers, func in stitched, local_arrays(lowered.kernel(launch.kernel)),
-               budgets.get(func, 0))
+               budgets.get(func, 0), gpus.get(func, ""))
         for arch, func, launch, ana, lowered in launches])
