@@ -38,7 +38,7 @@ from tvm.sym import Analyzer
 
 from ..analysis import GPU, KernelResources, gpu_of_arch, ptxas_resources
 from ..lowering import KernelLaunch, LoweredFunc, lower
-from ..plan import GROUP_ATTR, Scheme, StitchPlan
+from ..plan import GROUP_ATTR, Launch, Scheme, StitchPlan
 from ..schedule.grid_barrier import GRID_SYNC
 from ..schedule.occupancy import blocks_per_sm, cached_elements_cap
 from ..target import MAX_SHARED_MEMORY_PER_BLOCK, MAX_THREADS_PER_BLOCK, cuda_target
@@ -156,18 +156,9 @@ def local_arrays(kernel: tirx.PrimFunc) -> dict[str, int]:
     return found
 
 
-def _register_budgets(plan: StitchPlan | None) -> dict[str, int]:
-    """The plan's register budget (elements per thread) of each stitched function."""
-    if plan is None:
-        return {}
-    return {g.function: cached_elements_cap(g.launch) for g in plan.groups if g.launch}
-
-
-def _planned_gpus(plan: StitchPlan | None) -> dict[str, str]:
-    """The GPU each stitched function's launch was planned for."""
-    if plan is None:
-        return {}
-    return {g.function: g.launch.gpu for g in plan.groups if g.launch}
+def _planned_launches(plan: StitchPlan | None) -> dict[str, Launch]:
+    """The planned launch of each stitched function."""
+    return {} if plan is None else {g.function: g.launch for g in plan.groups if g.launch}
 
 
 def _check(arch: str, func: str, launch: KernelLaunch, ana: Analyzer,
@@ -228,9 +219,10 @@ def check_resources(scheduled: IRModule, plan: StitchPlan | None = None,
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         compiled = dict(zip(sources, pool.map(lambda job: ptxas_resources(*job), sources),
                             strict=True))
-    budgets, gpus = _register_budgets(plan), _planned_gpus(plan)
+    planned = _planned_launches(plan)
     return ResourceReport([
         _check(arch, func, launch, ana, compiled[lowered.source(), arch].get(launch.kernel),
                func in barriers, func in stitched, local_arrays(lowered.kernel(launch.kernel)),
-               budgets.get(func, 0), gpus.get(func, ""))
+               cached_elements_cap(planned[func]) if func in planned else 0,
+               planned[func].gpu if func in planned else "")
         for arch, func, launch, ana, lowered in launches])
