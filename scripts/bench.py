@@ -1,6 +1,7 @@
 """Every workload, every available flow, side by side: kernels, traffic, roofline estimates.
 
     python scripts/bench.py --size ci|real --json PATH --md PATH [--workloads a,b] [--flows f,g]
+                            [--layers N]
 
 At ``ci`` size each compiled model also runs on the CPU SIMT runner and is compared with
 onnxruntime (``max_abs_err``); at ``real`` size that column is null. Figures are counted from
@@ -21,6 +22,7 @@ from tvm import tirx
 from tvm_stitch import analysis, pipeline, verify, workloads
 from tvm_stitch.schedule.grid_barrier import count_grid_barriers
 from tvm_stitch.target import DEFAULT_TARGET
+from tvm_stitch.workloads import models
 
 GPUS = ("H200", "A100", "V100")
 
@@ -44,12 +46,17 @@ def bench_flow(model, flow: str, size: str, target: str) -> dict:
     return row
 
 
-def bench(names: list[str], flows: list[str], size: str, target: str) -> dict:
-    """Run the benchmark; failures are recorded per workload and flow, never hidden."""
+def bench(names: list[str], flows: list[str], size: str, target: str,
+          layers: int | None = None) -> dict:
+    """Run the benchmark (model workloads ``layers`` deep, default their size's depth);
+    failures are recorded per workload and flow, never hidden."""
     rows = []
     for name in names:
-        model = workloads.get(name).model(size)
-        entry: dict = {"name": name, "size": workloads.get(name).sizes[size], "pipelines": {}}
+        workload = workloads.get(name)
+        deep = layers is not None and workload.kind == "model"
+        model = models.load_model(name, size, layers=layers) if deep else workload.model(size)
+        described = models.spec(name, size, layers).summary if deep else workload.sizes[size]
+        entry: dict = {"name": name, "size": described, "pipelines": {}}
         for flow in flows:
             start = time.perf_counter()
             try:
@@ -109,10 +116,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workloads", help="comma-separated names (default: all)")
     parser.add_argument("--flows", help="comma-separated flows (default: all available)")
     parser.add_argument("--target", default=DEFAULT_TARGET)
+    parser.add_argument("--layers", type=int,
+                        help="depth of the model workloads (default: 2 at ci, 4 at real)")
     args = parser.parse_args(argv)
     names = args.workloads.split(",") if args.workloads else workloads.names()
     flows = args.flows.split(",") if args.flows else pipeline.available_flows()
-    result = bench(names, flows, args.size, args.target)
+    result = bench(names, flows, args.size, args.target, args.layers)
     table = markdown(result, flows)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
@@ -120,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         args.md.write_text(f"# Benchmark, {args.size} size, target {args.target}\n\n"
                            "Counted from the scheduled TIR (no GPU timing); regenerate with\n"
                            f"`python scripts/bench.py --size {args.size}"
+                           + (f" --layers {args.layers}" if args.layers else "")
                            + (f" --json {args.json}" if args.json else "")
                            + f" --md {args.md}`.\n\n"
                            + table)
