@@ -10,10 +10,10 @@ cases. The last line printed is::
 
     graphs=N mismatches=M crashes=C fallbacks=F tvm_crashes=T resource_violations=R
 
-``crashes`` counts crashes the baseline flow does not share; ``tvm_crashes`` those it does
-(TVM's own, or limits of the SIMT runner that both flows meet);
-``fallbacks`` the graphs whose stitch plan left a region to TVM. Exit status 1 when M, C or R
-is non-zero.
+``crashes`` counts crashes of ours; ``tvm_crashes`` the crashes raised in TVM's code while
+importing or compiling that the baseline flow meets too (``tvm_stitch.testing.differential``),
+each printed with its error; ``fallbacks`` the graphs whose stitch plan left a region to TVM.
+Exit status 1 when M, C or R is non-zero.
 """
 
 from __future__ import annotations
@@ -80,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = run(options, log=lambda line: print(line, flush=True))
     for reason, graphs in summary.fallback_reasons.most_common():
         print(f"fallback in {graphs} graph(s): {reason}")
+    for error, graphs in summary.tvm_errors.most_common():
+        print(f"TVM's crash (excused) in {graphs} graph(s): {error}")
     for failure in summary.failures:
         print(f"failed: {failure}")
     print(summary.line())

@@ -8,15 +8,18 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+import tvm
 from fuzz_models import F32, make_model
 from hypothesis import HealthCheck, given, note, settings
 from onnx import helper
 
-from tvm_stitch import verify
-from tvm_stitch.testing import differential
+from tvm_stitch import pipeline, simt
+from tvm_stitch.testing import differential, resources
+from tvm_stitch.testing import node as node_module
 from tvm_stitch.testing.differential import check_model, compare, default_flow
-from tvm_stitch.testing.fuzz import regression_case
+from tvm_stitch.testing.fuzz import Summary, regression_case
 from tvm_stitch.testing.graphs import GraphConfig, describe, graphs
+from tvm_stitch.testing.node import case_named, run_case
 from tvm_stitch.transform import stitch_fuse
 
 REGRESSIONS = Path(__file__).parents[1] / "regressions" / "cases"
@@ -57,22 +60,39 @@ def _softmax_model() -> onnx.ModelProto:
                       {"x": ([4, 33], F32)}, {"y": ([4, 33], F32)})
 
 
-def _failing_compile(flows: set[str]):
-    real = verify.compile_model
+def _zero_d_mean() -> onnx.ModelProto:
+    """A mean of all elements: TVM's dlight crashes on it in the baseline flow (an
+    ``InternalError`` in its C++), the stitch flow schedules it itself."""
+    return make_model([helper.make_node("ReduceMean", ["x", "axes"], ["y"], keepdims=0)],
+                      {"x": ([4, 8], F32)}, {"y": ([], F32)},
+                      {"axes": np.array([0, 1], np.int64)})
 
-    def compile_model(model, flow, target):
-        if flow in flows:
-            raise RuntimeError(f"boom in {flow}")
-        return real(model, flow, target)
 
-    return compile_model
+def _raise_key_error(*_args, **_kwargs):
+    raise KeyError("injected")
+
+
+def _fail_in(flows: set[str], real, error=_raise_key_error):
+    """``real`` (a flow's pipeline), failing with ``error`` for the flows in ``flows``."""
+
+    def lower(mod, target, flow):
+        return error() if flow in flows else real(mod, target, flow)
+
+    return lower
+
+
+def _counted(outcome: differential.Outcome) -> Summary:
+    summary = Summary()
+    summary.add(outcome.to_dict())
+    return summary
 
 
 def test_a_crash_only_the_flow_has_is_ours(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(verify, "compile_model", _failing_compile({"stitch"}))
+    monkeypatch.setattr(pipeline, "lower", _fail_in({"stitch"}, pipeline.lower))
     outcome = check_model(_softmax_model(), "stitch", resources=False)
     assert (outcome.kind, outcome.stage, outcome.baseline) == ("crash", "compile", "ok")
-    assert outcome.error == "RuntimeError: boom in stitch" and "boom" in outcome.trace
+    assert outcome.error == "KeyError: 'injected'" and "injected" in outcome.trace
+    assert _counted(outcome).crashes == 1
 
 
 def test_stitching_that_gives_up_is_a_crash_of_ours(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -85,22 +105,100 @@ def test_stitching_that_gives_up_is_a_crash_of_ours(monkeypatch: pytest.MonkeyPa
     outcome = check_model(_softmax_model(), "stitch", resources=False)
     assert (outcome.kind, outcome.stage, outcome.baseline) == ("crash", "plan", "ok")
     assert outcome.error.startswith("StitchGaveUp: stitching gave up (ValueError")
+    assert outcome.stages["compare"] == "ok"  # the module TVM fused still ran
 
 
-def test_a_crash_the_baseline_shares_is_tvms(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(verify, "compile_model", _failing_compile({"stitch", "baseline"}))
+def test_a_crash_raised_in_tvm_is_tvms() -> None:
+    base = check_model(_zero_d_mean(), "baseline", resources=False)
+    assert (base.kind, base.stage) == ("tvm_crash", "compile"), base.error
+    assert base.raised_at.startswith("c++:") and base.error.startswith("InternalError")
+    assert _counted(base).tvm_crashes == 1 and not _counted(base).failed
+
+
+def test_our_error_is_ours_even_where_tvm_fails_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    # an exception in the stitch flow at the stage where dlight crashes the baseline: the
+    # stage alone once excused it (issue 16)
+    monkeypatch.setattr(pipeline, "lower", _fail_in({"stitch"}, pipeline.lower))
+    outcome = check_model(_zero_d_mean(), "stitch", resources=False)
+    assert (outcome.kind, outcome.stage) == ("crash", "compile")
+    assert outcome.baseline == "tvm_crash at compile"
+    assert outcome.raised_at.startswith("tvm_stitch/")
+
+
+def test_tvms_error_must_be_the_same_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Raised in TVM's code in both flows: TVM's when type, message and raising function
+    agree, ours when the stitch flow's message differs."""
+
+    def tvm_error(text: str):
+        return lambda: tvm.ir.load_json(text)  # raises from TVM's Python (tvm/ir/...)
+
+    real = pipeline.lower
+    monkeypatch.setattr(pipeline, "lower", _fail_in({"stitch", "baseline"}, real,
+                                                    tvm_error("{bad")))
     outcome = check_model(_softmax_model(), "stitch", resources=False)
-    assert (outcome.kind, outcome.baseline) == ("tvm_crash", "crash at compile")
-    assert check_model(_softmax_model(), "baseline", resources=False).kind == "tvm_crash"
+    assert (outcome.kind, outcome.baseline) == ("tvm_crash", "tvm_crash at compile")
+    assert outcome.raised_at.startswith("tvm/ir/")
+    other = _fail_in({"stitch"}, _fail_in({"baseline"}, real, tvm_error("{bad")),
+                     tvm_error("[1,"))
+    monkeypatch.setattr(pipeline, "lower", other)
+    assert check_model(_softmax_model(), "stitch", resources=False).kind == "crash"
 
 
-def test_wrong_numbers_are_a_mismatch(monkeypatch: pytest.MonkeyPatch, flow: str) -> None:
+def _break(monkeypatch: pytest.MonkeyPatch, stage: str) -> None:
+    """Make ``stage`` raise in both flows, from code that is not TVM's."""
+    targets = {"import": (differential, "import_model"), "compile": (pipeline, "lower"),
+               "inputs": (differential, "make_inputs"), "simt": (simt, "SimtModule"),
+               "reference": (differential, "reference_outputs"),
+               "resources": (resources, "check_resources")}
+    monkeypatch.setattr(*targets[stage], _raise_key_error)
+
+
+@pytest.mark.parametrize("stage", ["import", "compile", "inputs", "simt", "reference",
+                                   "resources"])
+def test_every_injected_fault_is_ours(monkeypatch: pytest.MonkeyPatch, stage: str) -> None:
+    """A fault at any stage, met by the baseline flow too, is a crash of ours, counted as
+    such by the fuzzer and failed by the node runner."""
+    _break(monkeypatch, stage)
+    outcome = check_model(_softmax_model(), default_flow(), resources=True)
+    assert (outcome.kind, outcome.stage) == ("crash", stage), outcome
+    assert outcome.stages[stage] == "KeyError: 'injected'"
+    assert _counted(outcome).crashes == 1 and _counted(outcome).failed
+    if stage not in ("inputs", "reference"):  # node cases bring their inputs and outputs
+        node = run_case(case_named("test_softmax_example"), default_flow(), resources=True)
+        assert node.status == "failed" and "KeyError" in node.reason, node
+
+
+def _with_expected(prepare, expected):
+    def prepared(case):
+        model, feeds, _ = prepare(case)
+        return model, feeds, expected
+
+    return prepared
+
+
+@pytest.mark.parametrize("also_broken", ["", "resources"])
+def test_wrong_numbers_are_a_mismatch(monkeypatch: pytest.MonkeyPatch, flow: str,
+                                      also_broken: str) -> None:
+    """Shifted outputs are a mismatch in every flow, even when the baseline is as wrong and
+    the resource check crashes after the comparison (it once turned the mismatch into an
+    excused crash); the node runner fails such a case whatever the baseline does."""
     real = differential.reference_outputs
     monkeypatch.setattr(differential, "reference_outputs",
                         lambda model, feeds: [o + 1e-3 for o in real(model, feeds)])
-    outcome = check_model(_softmax_model(), flow, resources=False)
+    if also_broken:
+        _break(monkeypatch, also_broken)
+    outcome = check_model(_softmax_model(), flow, resources=True)
     assert outcome.kind == "mismatch" and outcome.error.startswith("output 0: max abs error")
-    assert outcome.failed
+    assert outcome.failed and _counted(outcome).mismatches == 1
+    if also_broken:
+        assert outcome.stages[also_broken] == "KeyError: 'injected'"
+    if flow == "stitch":
+        assert outcome.baseline == "mismatch"
+    case = case_named("test_softmax_example")
+    expected = [np.asarray(o) + 1.0 for o in case.data_sets[0][1]]
+    monkeypatch.setattr(node_module, "prepare", _with_expected(node_module.prepare, expected))
+    node = run_case(case, flow)
+    assert node.status == "failed" and "mismatch" in node.reason, node
 
 
 def test_compare_treats_non_finite_values_exactly() -> None:

@@ -1,7 +1,10 @@
 """ONNX's backend node tests for the ops the flows accept, through the flow under test on the
 SIMT runner (``tvm_stitch.testing.node``). CI runs a curated sample that spans the op classes,
 with every kernel's resources checked; ``--runslow`` runs every selected case. A case is either
-passed, skipped with its reason (printed by ``-ra``), or a failure."""
+passed, skipped with its reason (printed by ``-ra``: a model the front end refuses, naming
+the node, or a crash raised in TVM's code that the baseline flow meets too), or a failure:
+wrong numbers fail whatever the baseline does (``frontend.repairs`` lists the TVM bugs our
+front end repairs or refuses)."""
 
 from __future__ import annotations
 
@@ -32,13 +35,9 @@ CURATED = (
     "test_reshape_reordered_all_dims", "test_transpose_all_permutations_1",
     "test_expand_dim_changed", "test_flatten_axis1", "test_concat_2d_axis_0", "test_slice",
     "test_split_equal_parts_1d_opset18",
-    # skipped, with the reason: a dtype the front end refuses, a case TVM gets wrong itself
+    # skipped, with the reason: a dtype the front end refuses, an attribute TVM would ignore
     "test_cast_FLOAT_to_BFLOAT16", "test_isinf_negative",
 )
-
-# Failures of cases whose cause is ours and known: name -> reason (strict xfail).
-KNOWN_FAILURES: dict[str, str] = {}
-
 
 @pytest.fixture(scope="module")
 def checkers() -> Iterator[dict[bool, Checker]]:
@@ -54,13 +53,10 @@ def _check(name: str, checkers: dict[bool, Checker], resources: bool) -> None:
     flow = default_flow()
     checker = checkers.setdefault(resources, Checker(flow, DEFAULT_TARGET, resources, 300.0))
     result = run_case(case_named(name), flow, resources=resources, checker=checker)
-    if name in KNOWN_FAILURES and result.status == "failed":
-        pytest.xfail(KNOWN_FAILURES[name])
     if result.status == "skipped":
         assert result.reason
         pytest.skip(f"{name}: {result.reason}")
     assert result.status == "passed", f"{name}: {result.reason}"
-    assert name not in KNOWN_FAILURES, f"{name} passes now: remove it from KNOWN_FAILURES"
 
 
 @pytest.mark.parametrize("name", CURATED)

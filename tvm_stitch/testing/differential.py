@@ -1,18 +1,25 @@
 """One differential check: compile a model with a flow, run it on the SIMT runner, compare with
 onnxruntime, and say what went wrong in terms a fuzzer can count.
 
+Stages: ``import`` (our front end, TVM's ONNX importer), ``compile`` (the flow's pipeline),
+``plan`` (the stitch plan did not give up), ``inputs``, ``simt`` (our SIMT runner),
+``reference`` (onnxruntime), ``compare`` and ``resources`` (our resource checker). Every stage
+that can run does, and ``Outcome.stages`` holds each one's result.
+
 Outcome kinds:
 
 - ``ok``: the outputs match (``verify.compare``: float32 within rtol = atol = 1e-4, float16
   within ``verify.RTOL/ATOL["float16"]`` = 1e-2, integers and booleans exactly).
-- ``mismatch``: the outputs are wrong.
-- ``crash``: an exception in our code or TVM that the baseline flow does not share.
-- ``tvm_crash``: the baseline flow (TVM's default pipeline) fails at the same stage (compile,
-  SIMT run or resource check): not a stitching bug, but TVM's or a limit of the SIMT runner
-  that both flows meet (e.g. dynamic shared memory). With
-  ``flow="baseline"`` failures to compile or to build for CUDA count here, while a failure of
-  the SIMT run stays a ``crash`` (the runner is ours). Failures of the harness itself (making
-  inputs, running onnxruntime) are always a ``crash``.
+- ``mismatch``: the outputs are wrong. Nothing later (a crash of the resource checker) and
+  nothing the baseline does changes that.
+- ``crash``: an exception, ours unless shown to be TVM's.
+- ``tvm_crash``: an exception raised in TVM's code (``raised_at``: the innermost frame of
+  ours or TVM's) while importing or compiling, which the baseline flow (TVM's default
+  pipeline) meets too: same stage, same exception type and message (numbers aside), raised
+  by the same function of TVM's. With ``flow="baseline"`` a crash raised in TVM's code while
+  importing or compiling counts here. Failures in our front end, in a stitch plan, in the
+  SIMT runner, in the resource checker and in the harness (inputs, onnxruntime) are always
+  ``crash``.
 
 Independently of the kind, ``fallbacks`` lists the regions the stitch plan left to TVM (with
 the reason), ``violations`` the per-kernel resource limits broken by kernels the stitch flow
@@ -26,22 +33,30 @@ and cast made float32), rounded to float16 at the outputs.
 
 from __future__ import annotations
 
+import re
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import onnx
+import tvm
+import tvm_ffi
 from onnx import TensorProto, helper, numpy_helper
 from tvm.ir import IRModule
 
-from .. import verify
+from .. import pipeline, verify
+from ..frontend.onnx import import_model
 from ..plan import StitchPlan
 from ..target import DEFAULT_TARGET
 from ..workloads import inputs as make_inputs
 
-STAGES = ("compile", "plan", "inputs", "simt", "reference", "resources")
-# Stages that run the flow's output through TVM; "inputs" and "reference" are the harness's.
-_FLOW_STAGES = ("compile", "simt", "resources")
+STAGES = ("import", "compile", "plan", "inputs", "simt", "reference", "compare", "resources")
+TVM_STAGES = ("import", "compile")
+"""The stages where a crash can be TVM's: the others run our code (or the harness's) only."""
+T = TypeVar("T")
 
 
 @dataclass
@@ -50,8 +65,10 @@ class Outcome:
 
     flow: str
     kind: str = "ok"  # ok | mismatch | crash | tvm_crash
-    stage: str = ""  # where a crash happened (one of STAGES)
+    stage: str = ""  # where a crash happened (one of STAGES); "" for ok and mismatch
     error: str = ""  # exception type and message, or the worst error of a mismatch
+    raised_at: str = ""  # of a crash: the innermost frame of ours or TVM's (``raised_at``)
+    stages: dict[str, str] = field(default_factory=dict)  # stage -> "ok" or what failed
     max_abs_err: float | None = None
     functions: int = 0  # GPU PrimFuncs main calls
     fallbacks: list[str] = field(default_factory=list)
@@ -73,15 +90,6 @@ class Outcome:
 class StitchGaveUp(Exception):
     """The stitch pass met an unexpected error and left the whole module to TVM's fusion:
     the numbers are right, but it is a bug of ours, counted as a crash at stage "plan"."""
-
-
-class _Failure(Exception):
-    """An exception raised at a named stage of a check."""
-
-    def __init__(self, stage: str, error: BaseException) -> None:
-        super().__init__(f"{stage}: {type(error).__name__}: {error}")
-        self.stage = stage
-        self.error = error
 
 
 def default_flow() -> str:
@@ -208,73 +216,137 @@ def difference(outputs: list[np.ndarray], expected: list[np.ndarray]) -> str:
     return "outputs match"
 
 
-def _compile(model: onnx.ModelProto, flow: str, target: str
-             ) -> tuple[IRModule, StitchPlan | None]:
-    scheduled = verify.compile_model(model, flow, target)
-    return scheduled, StitchPlan.of_module(scheduled)
-
-
-def _stage(stage: str, fn, *args):
+def _stage(outcome: Outcome, stage: str, fn: Callable[..., T], *args: object
+           ) -> tuple[bool, T | None]:
+    """Run one stage, recording its result in ``outcome.stages``; ``(True, value)``, or
+    ``(False, None)`` after recording the exception (the first crash decides ``kind``,
+    ``stage`` and ``error``; a later one is kept in ``stages`` only)."""
     try:
-        return fn(*args)
+        value = fn(*args)
     except Exception as err:  # every failure is counted, whatever raised it
-        raise _Failure(stage, err) from err
+        message = f"{type(err).__name__}: {err}"
+        outcome.stages[stage] = message[:2000]
+        if outcome.kind == "ok":
+            outcome.kind, outcome.stage, outcome.error = "crash", stage, message[:2000]
+            outcome.raised_at = raised_at(err)
+            outcome.trace = "".join(traceback.format_exception(err))[-6000:]
+        return False, None
+    outcome.stages[stage] = "ok"
+    return True, value
 
 
 def check_model(model: onnx.ModelProto, flow: str, target: str = DEFAULT_TARGET, seed: int = 0,
                 resources: bool = True, triage: bool = True,
                 feeds: dict[str, np.ndarray] | None = None,
                 expected: list[np.ndarray] | None = None) -> Outcome:
-    """Compile ``model`` with ``flow``, run it on the SIMT runner, compare and (``resources``)
-    check every kernel's resources. Inputs are ``feeds``, else seeded random values; the
+    """Import ``model``, compile it with ``flow``, run it on the SIMT runner, compare and
+    (``resources``) check every kernel's resources; every stage that can run does, and its
+    result is in ``Outcome.stages``. Inputs are ``feeds``, else seeded random values; the
     reference is ``expected``, else onnxruntime's outputs. ``triage`` runs the baseline flow
-    on a failure to tell TVM's crashes from ours."""
+    on a failure, to show what TVM's default pipeline does with the model and to excuse a
+    crash that is TVM's (``_triage``)."""
     from ..simt import SimtModule
     from .resources import check_resources
 
     outcome = Outcome(flow)
-    try:
-        scheduled, plan = _stage("compile", _compile, model, flow, target)
-        if plan is not None:
-            outcome.fallbacks = [f"{', '.join(f.ops)}: {f.reason}" for f in plan.fallbacks]
-            gave_up = [n for n in plan.notes if n.startswith("stitching gave up")]
-            if gave_up:
-                raise _Failure("plan", StitchGaveUp(gave_up[0]))
-        if feeds is None:
-            feeds = _stage("inputs", make_inputs, model, seed)
-        simt = _stage("simt", SimtModule, scheduled)
-        outputs = _stage("simt", simt, *feeds.values())
+    ok, imported = _stage(outcome, "import", import_model, model)
+    ok, scheduled = _stage(outcome, "compile", pipeline.lower, imported, target, flow
+                           ) if ok else (False, None)
+    if not ok:
+        return _finish(outcome, triage, model, target, seed, feeds, expected)
+    _, plan = _stage(outcome, "plan", _plan, scheduled, outcome)
+    if feeds is None:
+        _, feeds = _stage(outcome, "inputs", make_inputs, model, seed)
+    ran = feeds is not None
+    ran, simt = _stage(outcome, "simt", SimtModule, scheduled) if ran else (False, None)
+    ran, outputs = _stage(outcome, "simt", simt, *feeds.values()) if ran else (False, None)
+    if ran:
         outcome.functions = len(simt.functions)
         if expected is None:
-            expected = _stage("reference", reference_outputs, model, feeds)
+            _, expected = _stage(outcome, "reference", reference_outputs, model, feeds)
+    if ran and expected is not None:
         check = compare(outputs, expected)
         outcome.max_abs_err = check.max_abs_err
-        if not check.ok:
-            outcome.kind = "mismatch"
-            outcome.error = difference(outputs, expected)
-        if resources:
-            report = _stage("resources", check_resources, scheduled, plan)
+        outcome.stages["compare"] = "ok" if check.ok else difference(outputs, expected)
+        if not check.ok:  # wrong numbers outrank any crash: never excused, never overwritten
+            outcome.kind, outcome.stage = "mismatch", ""
+            outcome.error, outcome.raised_at = outcome.stages["compare"], ""
+    if resources:
+        checked, report = _stage(outcome, "resources", check_resources, scheduled, plan)
+        if checked:
             outcome.violations = report.violations
             outcome.tvm_violations = report.tvm_violations
-    except _Failure as failure:
-        outcome.kind, outcome.stage = "crash", failure.stage
-        outcome.error = f"{type(failure.error).__name__}: {failure.error}"[:2000]
-        outcome.trace = "".join(traceback.format_exception(failure.error))[-6000:]
-    if triage and outcome.kind != "ok":
+    return _finish(outcome, triage, model, target, seed, feeds, expected)
+
+
+def _plan(scheduled: IRModule, outcome: Outcome) -> StitchPlan | None:
+    """The module's stitch plan, its fallbacks recorded in ``outcome``; raises StitchGaveUp
+    when the stitch pass gave up."""
+    plan = StitchPlan.of_module(scheduled)
+    if plan is not None:
+        outcome.fallbacks = [f"{', '.join(f.ops)}: {f.reason}" for f in plan.fallbacks]
+        gave_up = [n for n in plan.notes if n.startswith("stitching gave up")]
+        if gave_up:
+            raise StitchGaveUp(gave_up[0])
+    return plan
+
+
+def _finish(outcome: Outcome, triage: bool, model: onnx.ModelProto, target: str, seed: int,
+            feeds: dict[str, np.ndarray] | None, expected: list[np.ndarray] | None) -> Outcome:
+    if outcome.flow == "baseline":
+        # TVM's default pipeline: a crash raised in TVM's code while importing or compiling
+        # is TVM's; anything in our front end, runner or checks is ours
+        if outcome.kind == "crash" and _tvms(outcome):
+            outcome.kind = "tvm_crash"
+    elif triage and outcome.kind != "ok":
         _triage(outcome, model, target, seed, feeds, expected)
     return outcome
 
 
+def _tvms(outcome: Outcome) -> bool:
+    """True for a crash raised in TVM's code at a stage that runs TVM's code only."""
+    return outcome.stage in TVM_STAGES and outcome.raised_at.startswith(("tvm/", "tvm_ffi/",
+                                                                           "c++:"))
+
+
 def _triage(outcome: Outcome, model: onnx.ModelProto, target: str, seed: int,
             feeds: dict[str, np.ndarray] | None, expected: list[np.ndarray] | None) -> None:
-    """Run the baseline flow on a failing model; reclassify crashes TVM has too."""
-    if outcome.flow == "baseline":
-        if outcome.kind == "crash" and outcome.stage in ("compile", "resources"):
-            outcome.kind = "tvm_crash"
-        return
-    base = check_model(model, "baseline", target, seed, outcome.stage == "resources",
-                       False, feeds, expected)
+    """Run the baseline flow on a failing model (its kind goes into ``outcome.baseline``); a
+    crash becomes TVM's only when it was raised in TVM's code while importing or compiling
+    and the baseline fails with the same error: exception type, message with its numbers
+    left out, and the function of TVM's that raised it."""
+    base = check_model(model, "baseline", target, seed, False, False, feeds, expected)
     outcome.baseline = base.kind if not base.stage else f"{base.kind} at {base.stage}"
-    if (outcome.kind == "crash" and outcome.stage in _FLOW_STAGES and base.kind == "crash"
-            and base.stage == outcome.stage):
+    if (outcome.kind == "crash" and _tvms(outcome) and base.kind == "tvm_crash"
+            and (base.stage, base.raised_at, normalised(base.error))
+            == (outcome.stage, outcome.raised_at, normalised(outcome.error))):
         outcome.kind = "tvm_crash"
+
+
+_NATIVE = ("src/", "include/", "3rdparty/", "python/tvm_ffi/")  # tvm_ffi's frames of C++, Cython
+_PACKAGES = {"tvm_stitch": Path(__file__).parents[1], "tvm": Path(tvm.__file__).parent,
+             "tvm_ffi": Path(tvm_ffi.__file__).parent}
+
+
+def raised_at(error: BaseException) -> str:
+    """Where ``error`` was raised, as ``package/path.py:function`` of the innermost frame in
+    our code (``tvm_stitch/...``) or TVM's (``tvm/...``, ``tvm_ffi/...``, or a C++ frame of
+    TVM's as ``c++:file:function``); frames of other libraries (numpy, the standard library)
+    are passed over, so an error numpy raises for our code is ours."""
+    for frame in reversed(traceback.extract_tb(error.__traceback__)):
+        path = Path(frame.filename)
+        if not path.is_absolute():
+            if frame.filename.startswith(_NATIVE) or "tvm::" in frame.name:
+                return f"c++:{frame.filename}:{frame.name}"
+            continue
+        for name, root in _PACKAGES.items():
+            if path.is_relative_to(root):
+                return f"{name}/{path.relative_to(root).as_posix()}:{frame.name}"
+    return ""
+
+
+def normalised(message: str) -> str:
+    """``message`` without its numbers and addresses (and only its first line): the same
+    error met in another model or kernel reads the same."""
+    first = message.splitlines()[0] if message else ""
+    return re.sub(r"0x[0-9a-f]+|\d+", "#", first)

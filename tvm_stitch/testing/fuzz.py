@@ -8,7 +8,8 @@ graph only: it counts as a crash and the worker is replaced.
 A failing graph is written to ``out/<flow>-s<seed>-g<i>/`` (``model.onnx`` and ``model.json``),
 then shrunk (``choices.shrink``: replays of smaller choice sequences that fail the same way),
 and the minimal graph is written next to it and, with ``regressions``, saved as a regression
-case (``<name>.onnx`` + ``<name>.json``, see ``tests/regressions/test_fuzz_cases.py``). Only the
+case (``<name>.onnx`` + ``<name>.json``, see ``tests/regressions/test_fuzz_cases.py``), which
+fails until the bug is fixed. Only the
 first failure of each kind (signature and message) in a run is shrunk; later ones are written
 as found. Other failures met while shrinking are written as ``aside-<n>``.
 """
@@ -18,7 +19,6 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
-import re
 import signal
 import tempfile
 import threading
@@ -35,7 +35,7 @@ import numpy as np
 import onnx
 
 from .choices import ReplayChooser, shrink
-from .differential import Outcome, check_model
+from .differential import Outcome, check_model, normalised
 from .graphs import GraphConfig, describe, graph_from_seed, random_graph
 
 SHRINK_TIMEOUT = 60.0
@@ -73,6 +73,7 @@ class Summary:
     tvm_resource_violations: int = 0
     failures: list[str] = field(default_factory=list)
     fallback_reasons: Counter[str] = field(default_factory=Counter)
+    tvm_errors: Counter[str] = field(default_factory=Counter)  # the excused crashes, by error
 
     def add(self, outcome: dict) -> None:
         """Count one graph's outcome."""
@@ -80,6 +81,9 @@ class Summary:
         self.mismatches += outcome["kind"] == "mismatch"
         self.crashes += outcome["kind"] == "crash"
         self.tvm_crashes += outcome["kind"] == "tvm_crash"
+        if outcome["kind"] == "tvm_crash":
+            self.tvm_errors[f"{outcome['stage']}, {outcome['raised_at']}: "
+                            f"{_normalise(outcome['error'])}"] += 1
         self.fallbacks += bool(outcome["fallbacks"])
         self.fallback_reasons.update({_normalise(f.split(": ", 1)[-1])
                                       for f in outcome["fallbacks"]})
@@ -180,7 +184,7 @@ class Checker:
 
 def _normalise(message: str) -> str:
     """A message without its numbers and addresses, shortened: groups failures by cause."""
-    return re.sub(r"0x[0-9a-f]+|\d+", "#", message)[:80]
+    return normalised(message)[:80]
 
 
 def signature(outcome: dict) -> tuple:
@@ -234,7 +238,8 @@ def _write_case(directory: Path, name: str, model: onnx.ModelProto, outcome: dic
 
 def regression_case(directory: Path, name: str, model: onnx.ModelProto, outcome: dict,
                     found_by: str) -> Path:
-    """Save a minimal failure as a regression case: strict xfail until someone fixes it."""
+    """Save a minimal failure as a regression case: a failing test until someone fixes it
+    (``open`` says what fails; whoever fixes it replaces it with a ``note``)."""
     parts = [] if outcome["kind"] == "ok" else [
         f"{outcome['kind']} ({outcome['stage'] or 'numbers'}): {outcome['error'][:300]}"]
     if outcome["violations"]:
@@ -242,7 +247,7 @@ def regression_case(directory: Path, name: str, model: onnx.ModelProto, outcome:
     reason = "; ".join(parts)
     _write_case(directory, name, model, outcome,
                 {"flows": [outcome["flow"]], "seed": 0, "found_by": found_by,
-                 "xfail": f"found by fuzzing, not fixed yet: {reason}"}, trace=False)
+                 "open": f"found by fuzzing, not fixed yet: {reason}"}, trace=False)
     return directory / f"{name}.json"
 
 

@@ -16,9 +16,10 @@ the expected outputs, and gets one of three statuses:
 
 - ``passed``;
 - ``skipped``, always with the reason: the front end refuses the model (an unsupported dtype
-  or op version, with its ``ModelError``), or the baseline flow (TVM's default pipeline) fails
-  the same way, so the failure is TVM's, not stitching's;
-- ``failed``: wrong numbers or a crash that the baseline flow does not share.
+  or op version, with its ``ModelError`` naming the node), or a crash raised in TVM's code
+  that the baseline flow (TVM's default pipeline) meets the same way (``differential``);
+- ``failed``: wrong numbers (whatever the baseline flow does: an op TVM imports wrongly is
+  fixed or refused by our front end) or any other crash.
 
 ``python -m tvm_stitch.testing.node [--flow stitch] [--only substring] [--json out.json]``
 runs them, each in a worker process (a case that kills its process fails alone), and prints
@@ -168,18 +169,17 @@ def run_case(case, flow: str, target: str = DEFAULT_TARGET, resources: bool = Fa
         outcome = checker(model, feeds=feeds, expected=expected)
     result = NodeResult(case.name, "passed", max_abs_err=outcome["max_abs_err"])
     error, kind = outcome["error"], outcome["kind"]
-    if error.startswith("ModelError"):
+    if kind == "crash" and outcome["stage"] == "import" and error.startswith("ModelError"):
         result.status, result.reason = "skipped", f"front end: {error}"
     elif kind == "tvm_crash":
         result.status = "skipped"
-        result.reason = f"baseline fails too ({outcome['baseline']}): {error}"
-    elif kind == "mismatch" and outcome["baseline"] == "mismatch":
-        result.status = "skipped"
-        result.reason = f"TVM's baseline flow gets the same case wrong ({error})"
+        result.reason = (f"TVM's crash at {outcome['stage']}, raised at {outcome['raised_at']} "
+                         f"and met by the baseline too: {error}")
     elif kind != "ok" or outcome["violations"]:
         result.status = "failed"
         result.reason = "; ".join(filter(None, [
             f"{kind} {outcome['stage']}: {error}" if kind != "ok" else "",
+            f"(baseline: {outcome['baseline']})" if outcome["baseline"] else "",
             *outcome["violations"]]))
     result.reason = result.reason[:500]
     result.seconds = round(time.time() - start, 2)
