@@ -11,6 +11,7 @@ from tvm.relax.frontend.onnx import from_onnx
 from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter, _get_convert_map
 
 from .outputs import OutputError, rewrite
+from .repairs import RepairError, repair
 
 # Element types the stitch and baseline flows compile and the SIMT runner can execute.
 SUPPORTED_ELEM_TYPES = {
@@ -109,12 +110,13 @@ def import_model(model: str | os.PathLike | onnx.ModelProto,
                  shape_dict: dict[str, list[int]] | None = None) -> IRModule:
     """Check an ONNX model and import it into Relax (weights become constants of ``main``).
 
-    Outputs of multi-output ops that TVM's importer would get wrong are rewritten into ops it
-    gets right, or refused (``frontend.outputs``)."""
+    Outputs of multi-output ops that TVM's importer would get wrong (``frontend.outputs``),
+    and nodes that meet a known bug of TVM's (``frontend.repairs``), are rewritten into ops it
+    gets right, or refused."""
     model = load(model)
     try:
-        model = rewrite(model)
-    except OutputError as err:
+        model = repair(rewrite(model))
+    except (OutputError, RepairError) as err:
         raise ModelError(str(err)) from err
     failed_ops: list[str] = []
     convert = ONNXGraphImporter._convert_operator
