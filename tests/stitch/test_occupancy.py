@@ -42,7 +42,7 @@ def test_blocks_per_sm_takes_the_tightest_limit() -> None:
     assert blocks_per_sm(h200, 256, 32, 0) == 8  # threads: 2048 / 256
     assert blocks_per_sm(h200, 32, 16, 0) == 32  # blocks per SM
     assert blocks_per_sm(h200, 256, 64, 0) == 4  # registers: 64 x 256 = 16K of 64K
-    assert blocks_per_sm(h200, 256, 48, 0) == 5  # 48 x 32 = 1536 per warp: 42 warps
+    assert blocks_per_sm(h200, 256, 48, 0) == 5  # 1536 per warp: 10 in each 16K quarter
     assert blocks_per_sm(h200, 256, 32, 40 * 1024) == 5  # 228 KB / (40 KB + 1 KB)
     assert blocks_per_sm(h200, 256, 32, 49 * 1024) == 0  # over 48 KB of static shared
     assert blocks_per_sm(h200, 1024, 65, 0) == 0  # 65 x 1024 > 64K registers

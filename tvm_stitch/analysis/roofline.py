@@ -27,9 +27,10 @@ SM count, ``tvm_stitch.schedule.occupancy`` its per-SM and per-block limits): ba
 counts are the vendors' (H200 SXM 4.8 TB/s HBM3e, 132 SMs; A100 SXM 2.0 TB/s (80 GB) HBM2e,
 108 SMs; V100 SXM2 0.9 TB/s HBM2, 80 SMs). Per-SM limits are those of NVIDIA's CUDA occupancy
 calculator for compute capability 7.0, 8.0 and 9.0: 2048 threads, 32 blocks, 64K 32-bit
-registers allocated per warp in units of 256, at most 255 registers per thread; shared memory
-per SM 96 KB (7.0), 164 KB (8.0), 228 KB (9.0), with 1 KB reserved by CUDA per resident block
-since 8.0; 48 KB of static shared memory per block on all three. DRAM latency is one round
+registers in four sub-partitions of 16K (a warp takes its registers from one of them, in
+units of 256), at most 255 registers per thread; shared memory per SM 96 KB (7.0), 164 KB
+(8.0), 228 KB (9.0), with 1 KB reserved by CUDA per resident block since 8.0; 48 KB of
+static shared memory per block on all three. DRAM latency is one round
 figure, 600 ns: pointer-chasing microbenchmarks put loaded HBM latency on Volta to Hopper
 between about 400 and 800 ns (Jia et al., "Dissecting the NVIDIA Volta GPU Architecture via
 Microbenchmarking", 2018; Chips and Cheese's GPU memory latency tests), and one figure keeps
@@ -68,6 +69,7 @@ class GPU:
     registers_per_sm: int = 65536
     max_registers_per_thread: int = 255
     register_granularity: int = 256  # registers are allocated per warp in these units
+    register_partitions: int = 4  # the register file's sub-partitions (a warp's are in one)
     warp_size: int = 32
     dram_latency_ns: float = 600.0
     loads_in_flight_per_thread: int = 4

@@ -11,6 +11,11 @@ after ``ptxas``, so the launch configuration is fixed in three steps:
    (``max_registers``), and *apply* it as ``__launch_bounds__(threads, blocks per SM)``:
    ptxas then keeps every thread within the cap, so the planned wave is resident for real.
 
+Both steps count registers per sub-partition of the register file, as ptxas and CUDA's
+occupancy calculator do, so the cap relaxed to is the cap ptxas applies: counted over the
+whole file, 21 blocks of 64 threads seemed to allow 48 registers, ptxas gave them 40, and the
+kernel planned for 48 spilled (fuzz case stitch-s1-g6).
+
 The wave is what a persistent grid (Global stitching, a grid barrier) may launch at most: a
 grid larger than the blocks that can be resident at once deadlocks at its first barrier.
 
@@ -60,7 +65,10 @@ def _ceil_div(a: int, b: int) -> int:
 
 def blocks_per_sm(gpu: GPU, threads: int, registers: int, shared_bytes: int) -> int:
     """Resident blocks per SM of a kernel with ``threads`` threads per block, ``registers``
-    per thread and ``shared_bytes`` of shared memory per block; 0 if it cannot launch."""
+    per thread and ``shared_bytes`` of shared memory per block; 0 if it cannot launch.
+    Registers limit the warps of each sub-partition of the register file (a warp's registers
+    are all in one), as in CUDA's occupancy calculator: at 48 registers, 10 warps per
+    sub-partition, 20 blocks of 64 threads (not 21, a 64K file divided by whole blocks)."""
     warps = _ceil_div(threads, gpu.warp_size)
     if warps == 0 or threads > gpu.max_threads_per_block \
             or shared_bytes > gpu.shared_bytes_per_block \
@@ -68,8 +76,9 @@ def blocks_per_sm(gpu: GPU, threads: int, registers: int, shared_bytes: int) -> 
         return 0
     warp_registers = _ceil_div(max(registers, 1) * gpu.warp_size, gpu.register_granularity) \
         * gpu.register_granularity
+    partition = gpu.registers_per_sm // gpu.register_partitions
     limits = [gpu.max_blocks_per_sm, gpu.max_threads_per_sm // (warps * gpu.warp_size),
-              gpu.registers_per_sm // (warp_registers * warps)]
+              partition // warp_registers * gpu.register_partitions // warps]
     if shared_bytes:
         limits.append(gpu.shared_bytes_per_sm // (shared_bytes + gpu.reserved_shared_per_block))
     return max(0, min(limits))
@@ -77,9 +86,15 @@ def blocks_per_sm(gpu: GPU, threads: int, registers: int, shared_bytes: int) -> 
 
 def max_registers(gpu: GPU, threads: int, blocks: int) -> int:
     """The most registers per thread that keep ``blocks`` blocks of ``threads`` threads
-    resident on one SM (the register file is allocated per warp, in granules)."""
-    warps = _ceil_div(threads, gpu.warp_size)
-    granules = gpu.registers_per_sm // (gpu.register_granularity * warps * max(blocks, 1))
+    resident on one SM: what ptxas allows under ``__launch_bounds__(threads, blocks)``. The
+    warps are spread over the register file's sub-partitions, so the fullest one holds
+    ``ceil(warps / partitions)`` of them, each in granules: 21 blocks of 64 threads put 11
+    warps in a sub-partition of 16K registers and get 40 registers (not 48, which would need
+    the 42 warps spread evenly over the whole file)."""
+    warps = _ceil_div(threads, gpu.warp_size) * max(blocks, 1)
+    fullest = _ceil_div(warps, gpu.register_partitions)
+    granules = gpu.registers_per_sm // gpu.register_partitions \
+        // (gpu.register_granularity * fullest)
     return min(gpu.max_registers_per_thread,
                granules * gpu.register_granularity // gpu.warp_size)
 
