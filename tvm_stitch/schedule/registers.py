@@ -14,6 +14,15 @@ reads the row's last element again instead of testing every step against the row
 registers that keep a 32-slot row spill-free in a 1024-thread block). The extra loads hit
 the cache line the step loads anyway, but the traffic count (which reads the TIR) includes
 them.
+
+The element-wise readers of a copy cannot run past the row's end (they write outputs), so
+``hold_inputs`` splits their walk instead: the whole steps first, unguarded (TVM proves them
+inside the row), then the last, partial step under the row's guard. nvcc does not bound
+``threadIdx.x`` by the block size and so kept the guard on every unrolled step: a softmax
+over rows of 30000 holding 30 elements per thread of a 1024-thread block with three
+element-wise outputs spilled 40 to 48 B at the 64 registers of its launch bound (fuzz case
+stitch-s4242-g38), and none once only the last step was guarded. A reduction's walk stays
+whole: TVM lowers one reduction block to one cross-thread reduction.
 """
 
 from __future__ import annotations
@@ -24,7 +33,7 @@ from tvm import s_tir, tirx
 from tvm.sym import Analyzer
 
 from ..plan import Group, StorageLevel
-from .blocks import LOCAL
+from .blocks import LOCAL, name_of, readers
 
 WHOLE_STEPS_SLACK = 16
 """A copy runs over whole steps when the elements past the row's end are at most this
@@ -39,7 +48,8 @@ def held_inputs(group: Group) -> list[str]:
 
 def hold_inputs(sch: s_tir.Schedule, group: Group) -> s_tir.Schedule:
     """``sch`` (a scheduled row group) with the register copies of the held inputs laid out
-    and unguarded as the module docstring says; a new schedule when anything changed."""
+    and unguarded, and their readers' last steps guarded apart, as the module docstring says;
+    a new schedule when a copy was unguarded."""
     names = [f"{name}_{LOCAL}" for name in held_inputs(group)]
     if not names:
         return sch
@@ -60,7 +70,30 @@ def hold_inputs(sch: s_tir.Schedule, group: Group) -> s_tir.Schedule:
     tvm_ffi.structural_walk(func.body, [(tirx.For, bind)])
     unguarded = tvm_ffi.structural_map(
         func, [(s_tir.stmt.SBlockRealize, lambda r: _whole_steps(r, set(names), ana))])
-    return sch if unguarded.same_as(func) else s_tir.Schedule(unguarded)
+    sch = sch if unguarded.same_as(func) else s_tir.Schedule(unguarded)
+    _guard_last_step(sch, names, threads)
+    return sch
+
+
+def _guard_last_step(sch: s_tir.Schedule, copies: list[str], threads: int) -> None:
+    """Split the element walk of every element-wise block that reads one of the register
+    ``copies`` (block names) into its whole steps and its last step, where ``threads`` do
+    not divide the block's row: only the last step then keeps the row's guard."""
+    copied = [sch.get(sch.get_sblock(name)).writes[0].source for name in copies]
+    users = sorted({name_of(sch, b) for buffer in copied for b in readers(sch, buffer)})
+    for name in users:
+        block = sch.get_sblock(name)
+        iters = sch.get(block).iter_vars
+        if any(int(iv.iter_type) != tirx.IterVar.DataPar for iv in iters):
+            continue
+        elements = iters[-1].dom.extent
+        loop = sch.get_loops(block)[-1]
+        steps = sch.get(loop).extent
+        if not isinstance(elements, tirx.IntImm) or not isinstance(steps, tirx.IntImm) \
+                or not int(elements) % threads or int(steps) < 2 \
+                or int(steps) != -(-int(elements) // threads):
+            continue
+        sch.loop_partition(loop, [int(steps) - 1, None])
 
 
 def _whole_steps(realize: s_tir.stmt.SBlockRealize, names: set[str], ana: Analyzer

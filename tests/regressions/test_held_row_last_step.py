@@ -1,0 +1,79 @@
+"""Fuzz seed 4242 graph 38 (``cases/stitch-s4242-g38``): a softmax over 2 rows of 30000
+float32, a block of 1024 threads per row holding 30 elements of the row per thread in
+registers, with three element-wise outputs, spilled 40-48 B on sm_80 and sm_90 at the 64
+registers of its launch bound (rows of 29000 spilled 32-64 B, of 31000 40 B). The threads do
+not divide the row (29 whole steps of 1024 and one of 304): every reader walked all of its
+steps under the row-end guard, and nvcc, which does not bound ``threadIdx.x`` by the block
+size, kept the guard (a branch) on each unrolled step. The element-wise readers of a held
+copy now walk the whole steps unguarded and only the last one under the guard. Owner:
+schedule/registers.py (``hold_inputs``)."""
+
+from __future__ import annotations
+
+import pytest
+import tvm_ffi
+from onnx import helper
+from regression_models import model, needs_stitch
+from tvm import tirx
+
+from tvm_stitch import verify
+from tvm_stitch.lowering import lower
+from tvm_stitch.plan import GROUP_ATTR, StitchPlan, StorageLevel
+from tvm_stitch.target import cuda_target
+from tvm_stitch.testing.differential import check_model
+
+pytestmark = needs_stitch
+
+THREADS = 1024
+
+
+def _softmax_three_outputs(length: int) -> object:
+    """The saved case's stitched group: x held in registers, read by the softmax's
+    reductions and by three element-wise outputs."""
+    nodes = [helper.make_node("Neg", ["x"], ["n"]),
+             helper.make_node("Softmax", ["n"], ["s"], axis=-1),
+             helper.make_node("Neg", ["n"], ["m"]),
+             helper.make_node("Less", ["m", "x"], ["l"]),
+             helper.make_node("Cast", ["l"], ["c"], to=1)]
+    shape = [2, length]
+    return model(nodes, {"x": shape}, {"n": shape, "s": shape, "c": shape})
+
+
+def _guarded_global_stores_in_loops(kernel: tirx.PrimFunc) -> int:
+    """Stores to global memory under a condition inside a loop of more than one step."""
+    found = 0
+
+    def in_loop(loop: tirx.For) -> None:
+        nonlocal found
+        if not isinstance(loop.extent, tirx.IntImm) or int(loop.extent) < 2:
+            return
+        conditions: list[tirx.IfThenElse] = []
+        tvm_ffi.structural_walk(loop.body, [(tirx.IfThenElse, conditions.append)])
+        for condition in conditions:
+            stores: list[tirx.BufferStore] = []
+            tvm_ffi.structural_walk(condition.then_case, [(tirx.BufferStore, stores.append)])
+            found += sum(1 for s in stores if s.buffer.scope() == "global")
+
+    tvm_ffi.structural_walk(kernel.body, [(tirx.For, in_loop)])
+    return found
+
+
+@pytest.mark.parametrize("length", [29000, 30000])
+def test_only_the_last_step_of_a_held_row_is_guarded(length: int) -> None:
+    built = _softmax_three_outputs(length)
+    scheduled = verify.compile_model(built, "stitch")
+    (group,) = StitchPlan.of_module(scheduled).groups
+    steps = -(-length // THREADS)
+    x = next(b for b in group.buffers if b.name == "x")
+    assert group.mapping.threads_per_row == THREADS
+    assert (x.level, x.note) == (StorageLevel.REGISTER,
+                                 f"{steps} element(s) of the row per thread")
+    (gv, func), = [(gv, f) for gv, f in scheduled.functions.items()
+                   if isinstance(f, tirx.PrimFunc) and f.attrs is not None
+                   and GROUP_ATTR in f.attrs]
+    lowered = lower(func, gv.name_hint, cuda_target("sm_90"))
+    for launch in lowered.launches:
+        assert _guarded_global_stores_in_loops(lowered.kernel(launch.kernel)) == 0
+    outcome = check_model(built, "stitch", triage=False)  # onnxruntime on the SIMT runner
+    assert outcome.kind == "ok", outcome.error
+    assert outcome.violations == []  # ptxas on sm_80 and sm_90: no spills, no stack frame
