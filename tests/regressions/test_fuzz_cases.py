@@ -2,10 +2,10 @@
 and by tests/fuzz/test_differential.py, each replayed through the flows it failed with.
 
 A case is ``cases/<name>.onnx`` plus ``cases/<name>.json``: ``flows``, the input ``seed``,
-``found_by``, the readable ``graph``, the ``outcome`` seen, optionally a ``note``, and
-``xfail``: the reason while the bug is open (the test is then a strict xfail), removed by
-whoever fixes it. Cases run in a worker process (``fuzz.Checker``), so one that hangs or kills
-its process fails alone.
+``found_by``, the readable ``graph``, the ``outcome`` seen, and a ``note`` on the fix, or
+``open`` while the bug is open: the case then fails (CI does not land it green), and whoever
+fixes the bug replaces ``open`` with a ``note``. Cases run in a worker process
+(``fuzz.Checker``), so one that hangs or kills its process fails alone.
 """
 
 from __future__ import annotations
@@ -30,10 +30,7 @@ def _params() -> list:
     for meta_path in sorted(CASES.glob("*.json")):
         meta = json.loads(meta_path.read_text())
         for flow in meta["flows"]:
-            marks = [pytest.mark.xfail(strict=True, reason=meta["xfail"])] if meta.get(
-                "xfail") else []
-            params.append(pytest.param(meta_path, flow, marks=marks,
-                                       id=f"{meta_path.stem}[{flow}]"))
+            params.append(pytest.param(meta_path, flow, id=f"{meta_path.stem}[{flow}]"))
     return params
 
 
@@ -55,5 +52,5 @@ def test_saved_case(meta_path: Path, flow: str, checkers: dict[str, Checker]) ->
                                                 triage=False))
     outcome = checker(onnx.load(CASES / meta["model"]), meta.get("seed", 0))
     assert outcome["kind"] == "ok" and not outcome["violations"], (
-        f"{outcome['kind']} {outcome['stage']} {outcome['error']} {outcome['violations']}\n"
-        + "\n".join(meta["graph"]))
+        f"{meta.get('open', '')}\n{outcome['kind']} {outcome['stage']} {outcome['error']} "
+        f"{outcome['violations']}\n" + "\n".join(meta["graph"]))
