@@ -9,13 +9,6 @@ from tvm_stitch import pipeline
 from tvm_stitch.analysis import analyze, ptxas
 from tvm_stitch.analysis.ptxas import KernelResources, parse_ptxas
 
-try:
-    ptxas.find_nvcc()
-    HAVE_NVCC = True
-except ptxas.PtxasError:
-    HAVE_NVCC = False
-needs_nvcc = pytest.mark.skipif(not HAVE_NVCC, reason="nvcc is not installed")
-
 SAMPLE = """\
 ptxas info    : 0 bytes gmem
 ptxas info    : Compiling entry function 'softmax_kernel' for 'sm_80'
@@ -43,7 +36,7 @@ def test_bad_architecture_is_refused() -> None:
         ptxas.ptxas_resources("", "compute_80")
 
 
-@needs_nvcc
+@pytest.mark.nvcc
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_dlight_softmax_compiles_without_spills(arch: str) -> None:
     report = analyze(pipeline.lower(Softmax768, f"cuda:{arch}"), target=f"cuda:{arch}",
@@ -58,7 +51,7 @@ def test_dlight_softmax_compiles_without_spills(arch: str) -> None:
     assert report.to_dict()["per_kernel"][0]["registers"] == res.registers
 
 
-@needs_nvcc
+@pytest.mark.nvcc
 def test_results_are_cached_by_source(monkeypatch: pytest.MonkeyPatch) -> None:
     report = analyze(pipeline.lower(Softmax768, "cuda"), resources=True)
 

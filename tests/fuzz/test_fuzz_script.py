@@ -137,6 +137,7 @@ def test_script_prints_the_summary_last(capsys: pytest.CaptureFixture) -> None:
     assert status == (0 if last.split()[1:3] == ["mismatches=0", "crashes=0"] else 1)
 
 
+@pytest.mark.nvcc  # resources are checked in worker processes, out of the conftest's sight
 def test_bounded_sample_is_clean(capsys: pytest.CaptureFixture) -> None:
     """The CI sample: 40 graphs on a fresh seed each run (``TVM_STITCH_FUZZ_SEED`` replays
     one), through the flow under test, resources checked; the seed is printed first, so a
@@ -173,6 +174,7 @@ def test_large_shape_mode_draws_model_shapes() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.nvcc  # resources are checked in worker processes, out of the conftest's sight
 def test_large_sample_is_clean(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
     status = _script().main(["--graphs", "200", "--seed", "7", "--out", str(tmp_path)])
     assert status == 0, capsys.readouterr().out

@@ -59,6 +59,7 @@ def _check(name: str, checkers: dict[bool, Checker], resources: bool) -> None:
     assert result.status == "passed", f"{name}: {result.reason}"
 
 
+@pytest.mark.nvcc  # resources are checked in worker processes, out of the conftest's sight
 @pytest.mark.parametrize("name", CURATED)
 def test_curated_node_case(name: str, checkers: dict[bool, Checker]) -> None:
     _check(name, checkers, resources=True)

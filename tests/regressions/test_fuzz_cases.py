@@ -43,6 +43,7 @@ def checkers() -> Iterator[dict[str, Checker]]:
         checker.close()
 
 
+@pytest.mark.nvcc  # resources are checked in worker processes, out of the conftest's sight
 @pytest.mark.parametrize(("meta_path", "flow"), _params())
 def test_saved_case(meta_path: Path, flow: str, checkers: dict[str, Checker]) -> None:
     if flow not in available_flows():

@@ -17,7 +17,6 @@ from regression_models import needs_stitch
 
 from tvm_stitch import verify
 from tvm_stitch.analysis import gpu_of_arch, ptxas_resources
-from tvm_stitch.analysis.ptxas import PtxasError, find_nvcc
 from tvm_stitch.plan import StitchPlan
 from tvm_stitch.schedule.occupancy import blocks_per_sm, max_registers
 
@@ -43,14 +42,6 @@ extern "C" __global__ void __launch_bounds__({threads}, {blocks}) hungry(
 """
 
 
-def _has_nvcc() -> bool:
-    try:
-        find_nvcc()
-    except PtxasError:
-        return False
-    return True
-
-
 def test_registers_are_counted_per_sub_partition() -> None:
     h200 = gpu_of_arch("sm_90")
     assert blocks_per_sm(h200, 64, 48, 0) == 20  # 10 warps of 1536 registers in each 16K
@@ -58,7 +49,7 @@ def test_registers_are_counted_per_sub_partition() -> None:
     assert max_registers(h200, 64, 20) == 48
 
 
-@pytest.mark.skipif(not _has_nvcc(), reason="nvcc not installed")
+@pytest.mark.nvcc
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_max_registers_is_the_cap_ptxas_applies(arch: str) -> None:
     gpu = gpu_of_arch(arch)

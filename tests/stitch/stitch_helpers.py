@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -16,6 +15,7 @@ from tvm import relax, tirx
 from tvm.ir import IRModule
 
 from tvm_stitch import pipeline, verify
+from tvm_stitch.analysis import ptxas
 from tvm_stitch.frontend.onnx import import_model
 from tvm_stitch.lowering import lower
 from tvm_stitch.plan import GROUP_ATTR, StitchPlan
@@ -85,12 +85,6 @@ def kernel_count(func: tirx.PrimFunc, name: str) -> int:
     return len(lower(func, name, cuda_target()).launches)
 
 
-def nvcc() -> str | None:
-    """Path of nvcc, or None."""
-    return shutil.which("nvcc") or (
-        "/usr/local/bin/nvcc" if Path("/usr/local/bin/nvcc").exists() else None)
-
-
 _SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 
 
@@ -100,8 +94,8 @@ def compile_cuda(source: str, arch: str) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "kernels.cu"
         path.write_text(source)
-        proc = subprocess.run([nvcc(), f"-arch={arch}", "-cubin", "-O3", "-Xptxas", "-v",
-                               "-o", str(Path(tmp) / "kernels.cubin"), str(path)],
+        proc = subprocess.run([ptxas.find_nvcc(), f"-arch={arch}", "-cubin", "-O3", "-Xptxas",
+                               "-v", "-o", str(Path(tmp) / "kernels.cubin"), str(path)],
                               capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stderr

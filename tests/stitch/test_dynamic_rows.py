@@ -14,7 +14,6 @@ from stitch_helpers import (
     assert_matches,
     compile_cuda,
     lower_stitch,
-    nvcc,
     reference,
     run_simt,
     spills,
@@ -135,7 +134,7 @@ def test_symbolic_row_length_falls_back_with_the_reason() -> None:
     assert any("symbolic reduction length" in f.reason for f in plan.fallbacks), str(plan)
 
 
-@pytest.mark.skipif(nvcc() is None, reason="nvcc not installed")
+@pytest.mark.nvcc
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("case", ["softmax-768", "add_layer_norm-64"])
 def test_symbolic_kernels_compile_without_spills(case: str, arch: str) -> None:

@@ -6,14 +6,14 @@ from __future__ import annotations
 import functools
 
 import pytest
-from stitch_helpers import compile_cuda, import_onnx, nvcc, spills, stitched_functions
+from stitch_helpers import compile_cuda, import_onnx, spills, stitched_functions
 
 from tvm_stitch import pipeline
 from tvm_stitch.lowering import lower
 from tvm_stitch.target import cuda_target
 from tvm_stitch.workloads import registry
 
-pytestmark = pytest.mark.skipif(nvcc() is None, reason="nvcc not installed")
+pytestmark = pytest.mark.nvcc
 
 
 @functools.cache

@@ -7,7 +7,7 @@ import functools
 import re
 
 import pytest
-from stitch_helpers import import_onnx, nvcc, stitched_functions
+from stitch_helpers import import_onnx, stitched_functions
 from tvm import tirx
 
 from tvm_stitch import pipeline
@@ -73,7 +73,7 @@ def _scheduled(name: str, arch: str):
     return pipeline.lower(import_onnx(model), cuda_target(arch), flow="stitch")
 
 
-@pytest.mark.skipif(nvcc() is None, reason="nvcc not installed")
+@pytest.mark.nvcc
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("name", CASES)
 def test_launch_bounds_hold_in_ptxas(name: str, arch: str) -> None:

@@ -12,7 +12,6 @@ from stitch_helpers import (
     compile_cuda,
     import_onnx,
     module_cuda_source,
-    nvcc,
     reference,
     run_simt,
     spills,
@@ -38,7 +37,7 @@ def test_workload_runs_and_matches_onnxruntime(name: str) -> None:
     assert_matches(run_simt(model, scheduled, inputs), reference(model, inputs))
 
 
-@pytest.mark.skipif(nvcc() is None, reason="nvcc not installed")
+@pytest.mark.nvcc
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("name", NAMES)
 def test_workload_kernels_compile_without_spills(name: str, arch: str) -> None:
