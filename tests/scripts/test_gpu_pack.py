@@ -1,8 +1,9 @@
 """The GPU pack (scripts/gpu_pack.py) and the half that runs it (scripts/gpu_check.sh).
 
-No GPU here: the CUDA pack is checked for its layout, size, sm_90 cubins and that its libraries
-load with the packed runtime alone; the whole check runs end to end on a CPU variant of the pack
-(``--device cpu``), with this interpreter and, when it is installed with numpy, Python 3.12.
+No GPU here: the CUDA pack is checked for its layout, size, a library of sm_90 cubins for every
+flow (a failed build fails the pack) and that they load with the packed runtime alone; the whole
+check runs end to end on a CPU variant of the pack (``--device cpu``), with this interpreter
+and, when it is installed with numpy, Python 3.12.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from tvm_stitch import verify
+from tvm_stitch.analysis import ptxas
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "scripts"
 sys.path.insert(0, str(SCRIPTS))
@@ -31,9 +35,23 @@ sys.path.insert(0, str(SCRIPTS))
 gpu_check = importlib.import_module("gpu_check")
 refs = importlib.import_module("gpu_torch_refs")
 
-needs_nvcc = pytest.mark.skipif(
-    shutil.which("nvcc") is None or shutil.which("cc") is None, reason="needs nvcc and cc"
-)
+# gpu_pack.py run with the stitch flow's build failing (what assert_built must catch)
+FAILING_STITCH_BUILD = """
+import sys
+import gpu_pack
+
+build = gpu_pack.build_library
+
+
+def failing(mod, flow, target, path):
+    if flow == "stitch":
+        raise RuntimeError("stitch build failed (injected by the test)")
+    build(mod, flow, target, path)
+
+
+gpu_pack.build_library = failing
+sys.exit(gpu_pack.main(sys.argv[1:]))
+"""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -76,17 +94,33 @@ def tiny_model() -> onnx.ModelProto:
     )
 
 
-def run_pack(out: Path, *args: str) -> dict[str, Any]:
-    """Run gpu_pack.py as a user would; returns the manifest. Exit status 1 is accepted when
-    the pack was written with every failed build recorded (a flow still in the works must not
-    fail these tests; the manifest assertions decide)."""
-    cmd = [sys.executable, str(SCRIPTS / "gpu_pack.py"), "--out", str(out), *args]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+def pack(out: Path, *args: str, code: str | None = None) -> tuple[int, str, dict[str, Any]]:
+    """Run gpu_pack.py as a user would (or ``code``, which calls its main, in its place);
+    returns the exit status, the output and the manifest."""
+    script = [str(SCRIPTS / "gpu_pack.py")] if code is None else ["-c", code]
+    cmd = [sys.executable, *script, "--out", str(out), *args]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(SCRIPTS), str(REPO)))}
     result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-    assert result.returncode in (0, 1), result.stdout + result.stderr
     manifest = json.loads((out / "manifest.json").read_text())
-    failed = any(w["build_errors"] for w in manifest["workloads"])
-    assert result.returncode == int(failed), result.stdout + result.stderr
+    return result.returncode, result.stdout + result.stderr, manifest
+
+
+def assert_built(manifest: dict[str, Any], pack_dir: Path) -> None:
+    """Every workload of the pack has a library for every flow of the pack and no build
+    error."""
+    for workload in manifest["workloads"]:
+        assert workload["build_errors"] == {}, (workload["name"], workload["build_errors"])
+        assert sorted(workload["libs"]) == sorted(manifest["flows"]), workload["name"]
+        for lib in workload["libs"].values():
+            assert (pack_dir / lib).is_file(), lib
+
+
+def run_pack(out: Path, *args: str) -> dict[str, Any]:
+    """Run gpu_pack.py as a user would; it must exit 0 with every library built. Returns the
+    manifest."""
+    returncode, output, manifest = pack(out, *args)
+    assert returncode == 0, output
+    assert_built(manifest, out)
     return manifest
 
 
@@ -110,18 +144,17 @@ def wheels() -> None:
 
 @pytest.fixture(scope="module")
 def cuda_pack(tmp_path_factory: pytest.TempPathFactory, tiny_onnx: Path, wheels: None) -> Path:
-    if shutil.which("nvcc") is None or shutil.which("cc") is None:
-        pytest.skip("needs nvcc and cc")
-    pack = tmp_path_factory.mktemp("cuda") / "pack"
-    run_pack(pack, "--onnx", str(tiny_onnx), "--archive")
-    return pack
+    """The CUDA pack of the tiny model, every flow built (only for tests marked nvcc)."""
+    path = tmp_path_factory.mktemp("cuda") / "pack"
+    run_pack(path, "--onnx", str(tiny_onnx), "--archive")
+    return path
 
 
 @pytest.fixture(scope="module")
 def cpu_pack(tmp_path_factory: pytest.TempPathFactory, tiny_onnx: Path, wheels: None) -> Path:
-    pack = tmp_path_factory.mktemp("cpu") / "pack"
-    run_pack(pack, "--onnx", str(tiny_onnx), "--device", "cpu", "--archive")
-    return pack
+    path = tmp_path_factory.mktemp("cpu") / "pack"
+    run_pack(path, "--onnx", str(tiny_onnx), "--device", "cpu", "--archive")
+    return path
 
 
 def python312() -> str | None:
@@ -156,16 +189,14 @@ def runtime_env(pack: Path, **extra: str) -> dict[str, str]:
 # The CUDA pack
 
 
-@needs_nvcc
+@pytest.mark.nvcc
 def test_pack_layout_and_size(cuda_pack: Path) -> None:
     manifest = json.loads((cuda_pack / "manifest.json").read_text())
     assert manifest["device"] == "cuda" and manifest["arch"] == "sm_90"
     assert manifest["flows"] == importlib.import_module("tvm_stitch.pipeline").available_flows()
+    assert {"baseline", "stitch"} <= set(manifest["flows"])
+    assert_built(manifest, cuda_pack)
     (workload,) = manifest["workloads"]
-    assert "baseline" in workload["libs"]
-    assert set(workload["libs"]) | set(workload["build_errors"]) == set(manifest["flows"])
-    for lib in workload["libs"].values():
-        assert (cuda_pack / lib).is_file()
     data = np.load(cuda_pack / workload["data"])
     assert {"input_0", "output_0"} <= set(data.files)
     assert workload["torch"]["program"] == "onnx_replay"
@@ -191,40 +222,61 @@ def test_pack_layout_and_size(cuda_pack: Path) -> None:
         assert "gpu-pack/manifest.json" in tar.getnames()
 
 
-@needs_nvcc
+@pytest.mark.nvcc
+def test_a_failed_stitch_build_fails_the_pack(
+    tiny_onnx: Path, wheels: None, tmp_path: Path
+) -> None:
+    """gpu_pack exits 1 and records the error; assert_built, which every pack of these tests
+    goes through, refuses the pack."""
+    out = tmp_path / "pack"
+    returncode, output, manifest = pack(out, "--onnx", str(tiny_onnx), code=FAILING_STITCH_BUILD)
+    assert returncode == 1, output
+    assert "1 builds failed" in output
+    (workload,) = manifest["workloads"]
+    assert list(workload["build_errors"]) == ["stitch"]
+    assert "injected by the test" in workload["build_errors"]["stitch"]
+    assert list(workload["libs"]) == ["baseline"] and (out / workload["libs"]["baseline"]).is_file()
+    with pytest.raises(AssertionError, match="stitch"):
+        assert_built(manifest, out)
+
+
+@pytest.mark.nvcc
 def test_libraries_hold_sm90_cubins(cuda_pack: Path) -> None:
     gpu_pack = importlib.import_module("gpu_pack")
     manifest = json.loads((cuda_pack / "manifest.json").read_text())
-    for lib in manifest["workloads"][0]["libs"].values():
+    (workload,) = manifest["workloads"]
+    assert sorted(workload["libs"]) == sorted(manifest["flows"])
+    for lib in workload["libs"].values():
         assert gpu_pack.cubin_archs(cuda_pack / lib) == ["sm_90"]
 
 
+@pytest.mark.nvcc
 def test_cubin_arch_decoding(tmp_path: Path) -> None:
     """cubin_archs reads what nvcc wrote, for several architectures."""
-    if shutil.which("nvcc") is None:
-        pytest.skip("needs nvcc")
     gpu_pack = importlib.import_module("gpu_pack")
+    nvcc = ptxas.find_nvcc()
     source = tmp_path / "k.cu"
     source.write_text("__global__ void k(float* a) { a[threadIdx.x] += 1.0f; }\n")
     for arch in ("sm_80", "sm_90"):
         cubin = tmp_path / f"{arch}.cubin"
-        subprocess.run(["nvcc", "--cubin", "-arch", arch, "-o", cubin, source], check=True)
+        subprocess.run([nvcc, "--cubin", "-arch", arch, "-o", cubin, source], check=True)
         blob = tmp_path / f"{arch}.bin"
         blob.write_bytes(b"\x7fELF-host-part" + cubin.read_bytes())
         assert gpu_pack.cubin_archs(blob) == [arch]
 
 
-@needs_nvcc
+@pytest.mark.nvcc
 def test_runtime_only_import_loads_the_cuda_library(cuda_pack: Path, tmp_path: Path) -> None:
-    """The packed tvm imports with the runtime library only and deserialises a CUDA library:
-    its CUDA module holds no source (nothing compiles at load time) and libcudart comes from
-    the pack. A stub libcuda.so.1 stands in for the driver."""
+    """The packed tvm imports with the runtime library only and deserialises each flow's CUDA
+    library: its CUDA module holds no source (nothing compiles at load time) and libcudart
+    comes from the pack. A stub libcuda.so.1 stands in for the driver."""
     gpu_pack = importlib.import_module("gpu_pack")
     stub = gpu_pack.make_libcuda_stub(
         cuda_pack / "runtime/tvm/lib/libtvm_runtime_cuda.so", tmp_path
     )
     manifest = json.loads((cuda_pack / "manifest.json").read_text())
-    lib = cuda_pack / next(iter(manifest["workloads"][0]["libs"].values()))
+    libs = [str(cuda_pack / lib) for lib in manifest["workloads"][0]["libs"].values()]
+    assert len(libs) == len(manifest["flows"])
     script = textwrap.dedent(
         f"""
         import ctypes, sys
@@ -238,15 +290,15 @@ def test_runtime_only_import_loads_the_cuda_library(cuda_pack: Path, tmp_path: P
         assert "tvm.relax" not in sys.modules
         lib_dir = Path(tvm.libinfo.find_libtvm_runtime()).parent
         load_lib_ctypes("tvm", "tvm_runtime_cuda", "RTLD_LOCAL", [lib_dir])
-        mod = tvm.runtime.load_module({str(lib)!r})
-        kinds, node = [], mod
-        while True:
-            kinds.append(node.kind)
-            if not node.imports:
-                break
-            node = node.imports[0]
-        assert kinds == ["relax.VMExecutable", "library", "cuda"], kinds
-        assert node.inspect_source("cuda") == ""
+        for lib in {libs!r}:
+            kinds, node = [], tvm.runtime.load_module(lib)
+            while True:
+                kinds.append(node.kind)
+                if not node.imports:
+                    break
+                node = node.imports[0]
+            assert kinds == ["relax.VMExecutable", "library", "cuda"], (lib, kinds)
+            assert node.inspect_source("cuda") == "", lib
         maps = open("/proc/self/maps").read()
         cudart = {{line.split()[-1] for line in maps.splitlines() if "libcudart" in line}}
         assert cudart == {{str(lib_dir / "libcudart.so.13")}}, cudart
@@ -391,9 +443,14 @@ def test_finalize_marks_pending_columns(tmp_path: Path) -> None:
 
 
 def test_compare_tolerances() -> None:
+    """float16 as verify; float32 at 1e-3 (gpu_check.DEFAULT_TOLERANCE says why)."""
+    assert gpu_check.TOLERANCE["float16"] == verify.RTOL["float16"] == verify.ATOL["float16"]
     a = np.ones((2, 3), np.float32)
     assert gpu_check.compare([a], [a + 5e-4]) == (True, pytest.approx(5e-4, rel=1e-3))
     assert gpu_check.compare([a], [a + 5e-3])[0] is False
+    h = np.ones(4, np.float16)
+    assert gpu_check.compare([h], [h + np.float16(1e-2)])[0] is True
+    assert gpu_check.compare([h], [h + np.float16(5e-2)])[0] is False
     assert gpu_check.compare([a], [a[:1]]) == (False, None)
     ints = np.arange(4)
     assert gpu_check.compare([ints], [ints + 1]) == (False, 1.0)
