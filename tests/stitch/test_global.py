@@ -4,6 +4,10 @@ grid barriers; the barrier itself on the SIMT runner (real, split into phases, o
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -194,16 +198,41 @@ def _run(func: tirx.PrimFunc, name: str, x: np.ndarray) -> tuple[np.ndarray, Sim
     return args[2], simt
 
 
+def _sums_without_barriers(target: str) -> np.ndarray:
+    """The column sums of the kernel for ``target`` with its grid barrier removed."""
+    name, func, x = _colsum_kernel(target)
+    wrong, simt = _run(_without_barriers(func), name, x)
+    assert not simt.grid_barriers.phases  # nothing to split at: one launch, no barrier
+    return wrong
+
+
+def _sums_without_barriers_one_block_at_a_time(target: str, tmp_path: Path) -> np.ndarray:
+    """``_sums_without_barriers`` in a process whose PoCL runs one work-group at a time
+    (``POCL_MAX_PTHREAD_COUNT`` is read once, when PoCL starts)."""
+    out = tmp_path / "sums.npy"
+    script = ("import numpy as np, test_global as t\n"
+              "from tvm_stitch.simt.kernel import concurrent_work_groups\n"
+              "assert concurrent_work_groups() == 1\n"
+              f"np.save({str(out)!r}, t._sums_without_barriers({target!r}))\n")
+    subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).parent, check=True,
+                   env={**os.environ, "POCL_MAX_PTHREAD_COUNT": "1"})
+    return np.load(out)
+
+
 @pytest.mark.parametrize("target", ["cuda", "opencl"])
-def test_a_missing_grid_barrier_gives_wrong_sums(target: str) -> None:
+def test_a_missing_grid_barrier_gives_wrong_sums(target: str, tmp_path: Path) -> None:
     name, func, x = _colsum_kernel(target)
     assert count_grid_barriers(func) == 1
     right, _ = _run(func, name, x)
     np.testing.assert_allclose(right, x.sum(0), rtol=1e-5, atol=1e-5)
-    if target == "opencl":  # grid within PoCL's work-groups: races, not a fixed order
-        return
-    wrong, simt = _run(_without_barriers(func), name, x)
-    assert not simt.grid_barriers.phases  # nothing to split at: one launch, no barrier
+    if target == "cuda":  # more blocks than PoCL runs at once: some run after others read
+        wrong = _sums_without_barriers(target)
+    else:
+        # the grid fits the work-groups PoCL runs at once (the barrier is real), so without it
+        # the sums would depend on how the blocks race. One work-group at a time (PoCL's one
+        # thread takes them in index order): block 0, whose column task adds up the partial
+        # sums, reads them before the other blocks have written theirs
+        wrong = _sums_without_barriers_one_block_at_a_time(target, tmp_path)
     assert not np.allclose(wrong, x.sum(0), rtol=1e-5, atol=1e-5)
 
 
