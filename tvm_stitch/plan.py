@@ -218,7 +218,9 @@ class Group:
     demoted to global memory to fit ``shared_budget``. A group with Global edges runs as a
     persistent grid in ``phases`` separated by grid barriers; ``row_split`` > 1 splits each of
     its rows over that many blocks (task splitting; the mapping's rows are then the sub-rows).
-    ``launch`` is its kernel's launch configuration.
+    ``permuted_copies`` are the copy blocks of layout moves of whole rows inlined into their
+    readers, and ``permuted_outputs`` the outputs such a move writes at permuted rows
+    (``schedule.row_permutation``). ``launch`` is its kernel's launch configuration.
     """
 
     id: int
@@ -237,6 +239,8 @@ class Group:
     launch: Launch | None = None
     phases: tuple[Phase, ...] = ()
     row_split: int = 1
+    permuted_copies: tuple[str, ...] = ()
+    permuted_outputs: tuple[str, ...] = ()
 
     @property
     def grid_barriers(self) -> int:
@@ -358,6 +362,10 @@ def format_plan(plan: StitchPlan) -> str:
             lines.append(f"  shared memory {g.shared_bytes} of {g.shared_budget} B per block")
         if g.row_split > 1:
             lines.append(f"  task splitting: each row over {g.row_split} blocks")
+        if g.permuted_copies:
+            lines.append(f"  layout moves stitched in: {', '.join(g.permuted_copies)} inlined"
+                         + (f"; {', '.join(g.permuted_outputs)} written at permuted rows"
+                            if g.permuted_outputs else ""))
         if g.launch is not None:
             lines.append(f"  launch {g.launch}")
         for i, ph in enumerate(g.phases):

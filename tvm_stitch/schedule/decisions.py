@@ -73,12 +73,14 @@ from .phases import (
     crossings,
     normalise_column,
 )
+from .row_permutation import permute_rows
 from .rows import (
     BlockRows,
     Unstitchable,
     access_rows,
     block_rows,
     error_summary,
+    permuted_row,
     reads_own_element,
     row_elements,
     rows_sharing,
@@ -156,7 +158,10 @@ def decide(func: tirx.PrimFunc, group: Group, rows: int | None,
     """
     budget, max_threads = target_budget(target)
     gpu = device_of(target)
-    func = prepare(func)
+    fused, func = func, prepare(func)
+    if rows is not None:
+        func, moves = permute_rows(func)
+        group = replace(group, permuted_copies=moves.copies, permuted_outputs=moves.outputs)
     sch = s_tir.Schedule(func)
     add_unit_loops(sch)
     _check_flat_structure(sch)
@@ -170,13 +175,13 @@ def decide(func: tirx.PrimFunc, group: Group, rows: int | None,
         if done is None:
             reused = cache_reused_outputs(sch, func, SHARED)
             done = _decide_rows(sch, func, group, rows, reused, budget, max_threads, gpu)
-    scheduled = _schedule(func, done)
+    scheduled = _schedule(fused, done)  # emission prepares (and permutes) as above
     if target is None:
         return Decided(done, None)
     lowered = _lower(scheduled, done, target)
     settled = _settle_launch(done, lowered, gpu)
     if settled is not done:
-        lowered = _lower(_schedule(func, settled), settled, target)
+        lowered = _lower(_schedule(fused, settled), settled, target)
     return Decided(settled, lowered)
 
 
@@ -320,7 +325,7 @@ def _decide_rows(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: i
                  reused: list[str], budget: int, max_threads: int, gpu: GPU) -> Group:
     """Row group: every block walks the ``rows`` rows first (checked), then its elements."""
     infos = {name_of(sch, b): block_rows(sch, b, rows) for b in child_blocks(sch)}
-    _check_alignment(sch, infos, rows)
+    _check_alignment(sch, infos, rows, permuted=group.permuted_outputs)
     dec = _Decisions()
     _decide_inlining(sch, func, infos, rows, dec)
     infos = {name_of(sch, b): block_rows(sch, b, rows) for b in child_blocks(sch)}
@@ -717,11 +722,13 @@ def _phases(roles: Roles, tiles: int, threads: int, column_tiles: int = 1
 
 
 def _check_alignment(sch: s_tir.Schedule, infos: dict[str, BlockRows], rows: int,
-                     among_rows: bool = False) -> None:
+                     among_rows: bool = False, permuted: tuple[str, ...] = ()) -> None:
     """Every write, and every read of a buffer the kernel produces, must stay in the row;
     with ``among_rows`` (a Global group), only reads of what the row blocks of ``infos``
     produce: the results of column phases and of combinations are read across rows by
-    design. Only the blocks of ``infos`` are checked."""
+    design. The outputs ``permuted`` may be written a whole row elsewhere
+    (``row_permutation``), and are then read by no block. Only the blocks of ``infos`` are
+    checked."""
     blocks = child_blocks(sch)
     produced = {w.source.name for b in blocks
                 if not among_rows or name_of(sch, b) in infos for w in sch.get(b).writes}
@@ -731,10 +738,15 @@ def _check_alignment(sch: s_tir.Schedule, infos: dict[str, BlockRows], rows: int
             continue
         stmt = sch.get(block)
         for region in stmt.writes:
+            if region.source.name in permuted and permuted_row(info, region, rows):
+                continue
             if access_rows(info, region, rows) != "aligned":
                 raise Unstitchable(f"block {info.name} writes {region.source.name} outside "
                                    "its row")
         for region in stmt.reads:
+            if region.source.name in permuted:
+                raise Unstitchable(f"block {info.name} reads {region.source.name}, written at "
+                                   "permuted rows")
             if region.source.name in produced and access_rows(info, region, rows) != "aligned":
                 raise Unstitchable(f"block {info.name} reads {region.source.name} from other "
                                    "rows")
@@ -802,6 +814,10 @@ def _decide_staging(sch: s_tir.Schedule, func: tirx.PrimFunc, infos: dict[str, B
             elif any(info.elements > per_row for info, _ in regions):
                 dec.staged.append(_Staging(param.name, "input", per_row * _bytes(param),
                                            "broadcast over the row: read once per row"))
+        elif sites >= 2 and all(permuted_row(info, r, rows) for info, r in regions):
+            dec.staged.append(_Staging(param.name, "input",
+                                       row_elements(param, rows) * _bytes(param),
+                                       f"read at {sites} places in a permuted row"))
         elif span > 1 and len(param.shape) > 0:
             size = _elements(param) * span // rows * _bytes(param)
             dec.block_shared.append(_BlockShared(param.name, max(size, _bytes(param)), span))

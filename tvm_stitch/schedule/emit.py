@@ -57,6 +57,7 @@ from .persistent import (
 )
 from .phases import normalise_column
 from .registers import hold_inputs
+from .row_permutation import RowPermutation, permute_rows
 from .rows import Unstitchable, iters_of, row_element_map
 from .task_split import combine_per_reader, split_rows
 
@@ -99,6 +100,10 @@ def emit(func: tirx.PrimFunc, group: Group) -> s_tir.Schedule:
     if group.mapping is None:
         raise Unstitchable(f"group {group.id} has no thread mapping")
     func = prepare(func)
+    if group.permuted_copies:
+        func, moves = permute_rows(func)
+        planned = RowPermutation(group.permuted_copies, group.permuted_outputs)
+        assert moves == planned, (moves, planned)
     sch = s_tir.Schedule(func)
     add_unit_loops(sch)
     if group.phases:

@@ -173,6 +173,33 @@ def access_rows(info: BlockRows, region: tvm.ir.TensorRegion, rows: int) -> str:
     return "aligned"
 
 
+def permuted_row(info: BlockRows, region: tvm.ir.TensorRegion, rows: int) -> bool:
+    """Whether the access touches one row of its buffer that is a one-to-one function of the
+    block's row (a layout move of whole rows, ``row_permutation``): the row indices use the
+    row iterators only and map them onto the buffer's rows bijectively, and the element
+    indices do not use them. Each row of the buffer is then its own row's alone."""
+    shape = shape_values(region.source.shape)
+    kb = prefix_split(shape, rows) if shape is not None else None
+    dims = list(region.region)
+    row_vars = [i.var for i in info.row_iters]
+    if not kb or any(_has_load(r.min) for r in dims) \
+            or any(_uses_any(r.min, row_vars) or _uses_any(r.extent, row_vars)
+                   for r in dims[kb:]):
+        return False
+    domain = {i.var: tvm.ir.Range(tirx.IntImm(i.var.ty.dtype, 0), i.size.astype(i.var.ty.dtype))
+              for i in info.row_iters}
+    ana = Analyzer()
+    for it in info.iters:
+        ana.bind(it.var, tvm.ir.Range(tirx.IntImm(it.var.ty.dtype, 0),
+                                      it.size.astype(it.var.ty.dtype)))
+    if not all(ana.can_prove_equal(r.extent, 1) for r in dims[:kb]):
+        return False
+    index = _row_index([r.min for r in dims[:kb]], list(region.source.shape)[:kb])
+    mapped = tvm.sym.detect_iter_map([index], domain, check_level="bijective",
+                                     analyzer=Analyzer())
+    return len(mapped.indices) == 1
+
+
 def reads_own_element(info: BlockRows, region: tvm.ir.TensorRegion, rows: int) -> bool:
     """Whether the access reads, in its own row, exactly the element the block is at (both
     counted row-major), as ``x[i, k]`` in a block over ``(i, k)`` does: a thread that walks

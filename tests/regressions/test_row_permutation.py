@@ -1,0 +1,118 @@
+"""Layout moves of whole rows next to a normalisation stitch into its kernel
+(``schedule.row_permutation``): a window partition after a LayerNorm writes each normalised
+row to its window's place, a window reverse before a residual add and LayerNorm is read where
+it lies. Both fell back ("block T_transpose reads T_reshape_intermediate from other rows"),
+leaving two kernels; Swin's block had four such fallbacks per two layers."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tvm_stitch import verify
+from tvm_stitch.analysis import analyze
+from tvm_stitch.plan import StitchPlan
+from tvm_stitch.testing.differential import check_model
+
+RNG = np.random.default_rng(0)
+
+
+def _const(name: str, value: np.ndarray) -> onnx.TensorProto:
+    return numpy_helper.from_array(value, name)
+
+
+def _model(nodes: list, x: list[int], y: list[int], consts: list[onnx.TensorProto],
+           extra_inputs: dict[str, list[int]] | None = None,
+           extra_outputs: dict[str, list[int]] | None = None) -> onnx.ModelProto:
+    inputs = {"x": x, **(extra_inputs or {})}
+    outputs = {"y": y, **(extra_outputs or {})}
+    graph = helper.make_graph(
+        nodes, "layout_move",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs.items()],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in outputs.items()],
+        consts)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _layer_norm(src: str, dst: str, channels: int) -> tuple[onnx.NodeProto, list]:
+    consts = [_const(f"{dst}_g", RNG.random(channels, np.float32) + 0.5),
+              _const(f"{dst}_b", RNG.random(channels, np.float32))]
+    return helper.make_node("LayerNormalization", [src, f"{dst}_g", f"{dst}_b"], [dst],
+                            axis=-1, epsilon=1e-5), consts
+
+
+def window_partition(batch: int, side: int, channels: int, window: int) -> onnx.ModelProto:
+    """LayerNorm over (B, H*W, C), then Swin's window partition to (B*nW, w*w, C)."""
+    n = side // window
+    norm, consts = _layer_norm("x", "ln", channels)
+    consts += [_const("s1", np.array([batch, n, window, n, window, channels], np.int64)),
+               _const("s2", np.array([batch * n * n, window * window, channels], np.int64))]
+    nodes = [norm, helper.make_node("Reshape", ["ln", "s1"], ["r"]),
+             helper.make_node("Transpose", ["r"], ["t"], perm=[0, 1, 3, 2, 4, 5]),
+             helper.make_node("Reshape", ["t", "s2"], ["y"])]
+    return _model(nodes, [batch, side * side, channels],
+                  [batch * n * n, window * window, channels], consts)
+
+
+def window_reverse(batch: int, side: int, channels: int, window: int) -> onnx.ModelProto:
+    """Swin's window reverse of (B*nW, w*w, C) to (B, H*W, C), a residual add, a LayerNorm;
+    the sum is an output too."""
+    n = side // window
+    norm, consts = _layer_norm("sum", "y", channels)
+    consts += [_const("s1", np.array([batch, n, n, window, window, channels], np.int64)),
+               _const("s2", np.array([batch, side * side, channels], np.int64))]
+    tokens = [batch, side * side, channels]
+    nodes = [helper.make_node("Reshape", ["x", "s1"], ["r"]),
+             helper.make_node("Transpose", ["r"], ["t"], perm=[0, 1, 3, 2, 4, 5]),
+             helper.make_node("Reshape", ["t", "s2"], ["w"]),
+             helper.make_node("Add", ["w", "skip"], ["sum"]), norm]
+    return _model(nodes, [batch * n * n, window * window, channels], tokens, consts,
+                  {"skip": tokens}, {"sum": tokens})
+
+
+def _kernels(model: onnx.ModelProto, flow: str) -> tuple[int, int]:
+    report = analyze(verify.compile_model(model, flow))
+    return len(report.kernels), sum(k.traffic.global_bytes for k in report.kernels)
+
+
+@pytest.mark.parametrize(("batch", "side", "channels", "window"), [
+    (2, 14, 96, 7),
+    (1, 56, 96, 7),  # Swin-T's first stage: 301,056 elements
+])
+def test_window_partition_after_layer_norm_is_one_kernel(batch: int, side: int, channels: int,
+                                                         window: int) -> None:
+    model = window_partition(batch, side, channels, window)
+    plan = StitchPlan.of_module(verify.compile_model(model, "stitch"))
+    (group,) = plan.groups
+    assert not plan.fallbacks and group.permuted_outputs
+    assert {"T_reshape", "T_transpose"} <= set(group.permuted_copies)
+    stitch, baseline = _kernels(model, "stitch"), _kernels(model, "baseline")
+    assert (stitch[0], baseline[0]) == (1, 2) and stitch[1] < baseline[1], (stitch, baseline)
+    outcome = check_model(model, "stitch")
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+
+
+def test_window_reverse_before_residual_layer_norm_is_one_kernel() -> None:
+    model = window_reverse(2, 14, 96, 7)
+    plan = StitchPlan.of_module(verify.compile_model(model, "stitch"))
+    (group,) = plan.groups
+    assert not plan.fallbacks and not group.permuted_outputs
+    assert {"T_reshape", "T_transpose"} <= set(group.permuted_copies)
+    stitch, baseline = _kernels(model, "stitch"), _kernels(model, "baseline")
+    assert stitch[0] == 1 < baseline[0] and stitch[1] <= baseline[1]
+    outcome = check_model(model, "stitch")
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+
+
+def test_a_permuted_output_read_inside_the_kernel_is_not_stitched_wrong() -> None:
+    # the window partition's output is also normalised again: a block reading it would read
+    # rows that other blocks write
+    model = window_partition(2, 14, 32, 7)
+    norm, consts = _layer_norm("y", "z", 32)
+    model.graph.node.append(norm)
+    model.graph.initializer.extend(consts)
+    model.graph.output.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, [8, 49, 32]))
+    outcome = check_model(model, "stitch")
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)

@@ -1,0 +1,158 @@
+"""Layout moves that reorder whole rows, stitched with the row group around them.
+
+A window partition (Reshape -> Transpose -> Reshape after a LayerNorm in windowed attention),
+tokens to NCHW and back, or channels-last moves keep the normalised axis innermost: they
+permute the rows of their tensor, not the elements of a row. As TVM fuses them, they are a
+chain of copy blocks (``out[v] = src[f(v)]``) whose reads cross rows, so the group could not
+be stitched. ``permute_rows`` rewrites a row group's PrimFunc so they can be:
+
+- the copies of such a chain are inlined into their readers (a copy that a transposing copy
+  reads, or that reads through one, is no longer a block of its own): a block that reads an
+  input through the chain then reads the input at the permuted row (inputs may be read from
+  any row), and
+- a chain's last copy, when it writes an output, iterates over its source's index space
+  instead of its own (``transform_block_layout``, which checks the map is a bijection): it
+  then reads its own row and writes a whole output row elsewhere, a *permuted* write
+  (``rows.access_rows``), which no other block of the kernel reads.
+
+Decisions apply it to every row group and record what it did (``Group.permuted_copies``,
+``Group.permuted_outputs``); emission applies it where the plan says so and checks it does
+the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+
+import tvm
+import tvm_ffi
+from tvm import s_tir, tirx
+from tvm.sym import Analyzer
+
+from ..symbolic import dim_value
+from .blocks import child_blocks, name_of, readers
+
+
+def _copy_source(stmt: s_tir.stmt.SBlock) -> tvm.ir.TensorLoad | None:
+    """The load a block copies, if its body stores one load and nothing else (no init, every
+    iterator spatial)."""
+    body = stmt.body
+    if stmt.init is not None or not isinstance(body, tirx.BufferStore) \
+            or not isinstance(body.value, tvm.ir.TensorLoad) or len(stmt.writes) != 1 \
+            or any(int(iv.iter_type) != tirx.IterVar.DataPar for iv in stmt.iter_vars):
+        return None
+    return body.value
+
+
+def _flat(indices: list[tvm.ir.PrimExpr], shape: list[tvm.ir.PrimExpr]) -> tvm.ir.PrimExpr:
+    flat = tirx.IntImm(indices[0].ty.dtype, 0) if indices else tirx.IntImm("int64", 0)
+    for index, extent in zip(indices, shape, strict=True):
+        flat = flat * extent.astype(flat.ty.dtype) + index.astype(flat.ty.dtype)
+    return flat
+
+
+def _transposes(stmt: s_tir.stmt.SBlock, load: tvm.ir.TensorLoad) -> bool:
+    """Whether the copy moves every element of its source to a new place: the load is a
+    bijection of the block's domain onto the whole source (a reshape or a transpose, not a
+    slice or a broadcast), and, counted row-major, not provably the block's own position
+    (which a reshape's is)."""
+    domain = {iv.var: iv.dom for iv in stmt.iter_vars}
+    sizes = [dim_value(d) for d in load.source.shape] + [dim_value(iv.dom.extent)
+                                                          for iv in stmt.iter_vars]
+    if None in sizes or prod(sizes[:len(load.source.shape)]) != prod(
+            sizes[len(load.source.shape):]):
+        return False
+    if not tvm.sym.detect_iter_map(list(load.indices), domain, check_level="bijective",
+                                   analyzer=Analyzer()).indices:
+        return False
+    ana = Analyzer()
+    for iv in stmt.iter_vars:
+        ana.bind(iv.var, iv.dom)
+    mine = _flat([iv.var for iv in stmt.iter_vars], [iv.dom.extent for iv in stmt.iter_vars])
+    theirs = _flat(list(load.indices), list(load.source.shape))
+    return not ana.can_prove_equal(mine, theirs)
+
+
+def _chain_copies(sch: s_tir.Schedule, func: tirx.PrimFunc) -> list[str]:
+    """Copy blocks writing an intermediate that belong to a chain with a transposing copy:
+    transposing themselves, read by copies of the chain only, or reading one."""
+    params = {p.name for p in func.params}
+    copies = {}
+    for block in child_blocks(sch):
+        stmt = sch.get(block)
+        load = _copy_source(stmt)
+        if load is not None:
+            copies[name_of(sch, block)] = (stmt, load, _transposes(stmt, load))
+    writers = {stmt.writes[0].source.name: name for name, (stmt, _, _) in copies.items()}
+    chained = {name for name, (_, _, transposes) in copies.items() if transposes}
+    grown = True
+    while grown:
+        grown = False
+        for name, (stmt, load, _) in copies.items():
+            if name in chained:
+                continue
+            users = [name_of(sch, u) for u in readers(sch, stmt.writes[0].source)]
+            if writers.get(load.source.name) in chained or (
+                    users and all(u in chained for u in users)):
+                chained.add(name)
+                grown = True
+    return [n for n in chained if copies[n][0].writes[0].source.name not in params]
+
+
+@dataclass(frozen=True)
+class RowPermutation:
+    """What ``permute_rows`` did: the copy blocks it inlined, and the outputs now written at
+    permuted rows (``Group.permuted_copies`` and ``Group.permuted_outputs``)."""
+
+    copies: tuple[str, ...] = ()
+    outputs: tuple[str, ...] = ()
+
+
+def permute_rows(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, RowPermutation]:
+    """``func`` with its whole-row layout moves rewritten as the module docstring says, and
+    what was rewritten (``func`` itself and an empty record when nothing was)."""
+    sch = s_tir.Schedule(func)
+    chain = _chain_copies(sch, func)
+    if not chain:
+        return func, RowPermutation()
+    for name in chain:
+        sch.compute_inline(sch.get_sblock(name))
+    params = {p.name for p in func.params}
+    moved = []
+    for block in child_blocks(sch):
+        stmt = sch.get(block)
+        load = _copy_source(stmt)
+        if load is None or stmt.writes[0].source.name not in params \
+                or not _transposes(stmt, load):
+            continue
+        iters = [iv.var for iv in stmt.iter_vars]
+        try:
+            sch.transform_block_layout(block, tirx.IndexMap(iters, list(load.indices), None))
+        except Exception:  # noqa: BLE001 - not a bijection: leave the block as it is
+            continue
+        moved.append(name_of(sch, block))
+    outputs = tuple(sch.get(sch.get_sblock(n)).writes[0].source.name for n in moved)
+    return _own_row_reads(sch.mod["main"], moved), RowPermutation(tuple(chain), outputs)
+
+
+def _own_row_reads(func: tirx.PrimFunc, names: list[str]) -> tirx.PrimFunc:
+    """The moved copies read ``src[v]`` at their own position ``v``: what the transformed
+    load indices compute (f(f^-1(v)) = v), in a form the row analysis can compare."""
+    def on_block(block: s_tir.stmt.SBlock) -> s_tir.stmt.SBlock:
+        if block.name_hint not in names:
+            return block
+        store = block.body
+        own = [iv.var for iv in block.iter_vars]
+        load = tirx.BufferLoad(store.value.source, own)
+        region = tirx.BufferRegion(store.value.source,
+                                   [tvm.ir.Range.from_min_extent(v, 1) for v in own])
+        return s_tir.stmt.SBlock(block.iter_vars, [region], block.writes, block.name_hint,
+                                tirx.BufferStore(store.buffer, load, store.indices),
+                                block.init, block.alloc_buffers, block.match_buffers,
+                                block.annotations)
+
+    return tvm_ffi.structural_map(func, [(s_tir.stmt.SBlock, on_block)])
+
+
+__all__ = ["RowPermutation", "permute_rows"]
