@@ -36,3 +36,19 @@ def test_float16_comparisons_build_and_match(shape: list[int], nodes: list) -> N
     outcome = check_model(built, "stitch", resources=True).to_dict()
     assert outcome["kind"] == "ok" and not outcome["violations"], outcome
     assert not outcome["fallbacks"], outcome["fallbacks"]
+
+
+def test_a_comparison_of_the_row_maximum_builds_for_cuda() -> None:
+    # fuzz seed 2027, graph 85: Where(max(x) >= 0.5, x, |x|) on rows of 4096 floats took float4
+    # lanes with the row's comparison broadcast over them, which TVM's CUDA code declared as
+    # "float4 v = make_ushort4(...)": nvcc rejected the kernel (its numbers were right on the
+    # SIMT runner). Such a block stays scalar.
+    nodes = [helper.make_node("ReduceMax", ["x", "axes"], ["m"], keepdims=1),
+             helper.make_node("GreaterOrEqual", ["m", "half"], ["c"]),
+             helper.make_node("Abs", ["x"], ["a"]),
+             helper.make_node("Where", ["c", "x", "a"], ["y"]),
+             helper.make_node("ReduceMean", ["a", "axes"], ["mean"], keepdims=1)]
+    built = model(nodes, {"x": [256, 4096]}, {"y": [256, 4096], "mean": [256, 1]},
+                  {"axes": np.array([1], np.int64), "half": np.full((), 0.5, np.float32)})
+    outcome = check_model(built, "stitch", resources=True).to_dict()
+    assert outcome["kind"] == "ok" and not outcome["violations"], outcome

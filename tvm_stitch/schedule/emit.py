@@ -30,7 +30,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 from tvm.sym import Analyzer
 
-from ..plan import Group, MappingKind, Phase, ThreadMapping
+from ..plan import Group, MappingKind, Phase, StorageLevel, ThreadMapping
 from ..symbolic import dim_value, is_symbolic
 from .blocks import (
     LOCAL,
@@ -379,14 +379,28 @@ float16 block that compares stays scalar (fuzz case g386)."""
 
 def _lanes_fit_booleans(block: s_tir.stmt.SBlock, vector: int) -> bool:
     """Whether ``block`` may run ``vector`` lanes at once: any number without a boolean
-    value in it (computed or moved), at most ``MAX_BOOLEAN_LANES`` with one."""
-    if vector <= MAX_BOOLEAN_LANES:
+    value in it (computed or moved), at most ``MAX_BOOLEAN_LANES`` with one, and one when a
+    boolean value is the same for every lane (a comparison of the row's maximum): TVM's CUDA
+    code generator declares such a broadcast as a vector of the select's type
+    (``float4 v = make_ushort4(...)``), which nvcc rejects (fuzz seed 2027, graph 85)."""
+    if vector == 1:
         return True
     found: list[tvm.ir.Expr] = []
     tvm_ffi.structural_walk(block.body, [(tvm.ir.Expr, lambda e: found.append(e)
                                           if str(e.ty.dtype).startswith("bool") else None)])
+    inner = block.iter_vars[-1].var if block.iter_vars else None
+    if any(inner is None or not _uses(e, inner) for e in found):
+        return False
+    if vector <= MAX_BOOLEAN_LANES:
+        return True
     return not found and all(str(r.source.dtype) != "bool"
                              for r in (*block.reads, *block.writes))
+
+
+def _uses(expr: tvm.ir.Expr, var: tvm.ir.Var) -> bool:
+    seen: list[tvm.ir.Var] = []
+    tvm_ffi.structural_walk(expr, [(tvm.ir.Var, seen.append)])
+    return any(v.same_as(var) for v in seen)
 
 
 def _flat_index(region: tvm.ir.TensorRegion) -> tvm.ir.PrimExpr:
@@ -431,14 +445,18 @@ def _emit_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group) -> s_ti
     cache_reused_outputs(sch, func, SHARED, writers=set().union(*rows_phases))
     block_caches = _apply_storage(sch, func, group)
     sch = combine_per_reader(sch, func)
+    sums = {b.block: b for b in group.buffers if b.role == "accumulator"}
     partials: dict[str, tuple[str, str]] = {}  # column reduction -> (partial sum, write-out)
+    held: dict[str, int] = {}  # partial sum kept in registers -> its slots per thread
     for name in columns:
         row, _ = sch.get_loops(sch.get_sblock(name))
         tile, _ = sch.split(row, [mapping.rows // mapping.row_steps, mapping.row_steps])
         accumulate = sch.rfactor(tile, 0)
         _flatten_partials(sch, accumulate)
-        write_out = sch.cache_write(accumulate, 0, SHARED)
+        write_out = sch.cache_write(accumulate, 0, SCOPES[sums[name].level])
         partials[name] = (name_of(sch, accumulate), name_of(sch, write_out))
+        if sums[name].level is StorageLevel.REGISTER:
+            held[name_of(sch, accumulate)] = sums[name].registers
     phase_of = _phase_of_blocks(sch, group.phases, partials)
     sch = _reorder_by_phase(sch, phase_of, {w for _, w in partials.values()})
     for index, phase in enumerate(group.phases):
@@ -455,7 +473,7 @@ def _emit_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group) -> s_ti
                            names - {n for c in mine for n in partials[c]} - set(block_caches)
                            - set(phase.combines),
                            [partials[c][0] for c in mine], [partials[c][1] for c in mine],
-                           caches, per_row, phase.column_tiles, phase.combines)
+                           caches, per_row, phase.column_tiles, phase.combines, held)
         else:
             _map_column_phase(sch, mapping.threads_per_block, list(phase.combines),
                               [n for n in phase.blocks if n not in phase.combines])
@@ -542,16 +560,21 @@ def _reorder_by_phase(sch: s_tir.Schedule, phase_of: dict[str, int], last: set[s
 def _map_row_phase(sch: s_tir.Schedule, mapping: ThreadMapping, names: set[str],
                    accumulators: list[str], write_outs: list[str], caches: list[SBlockRV],
                    row_caches: list[SBlockRV], column_tiles: int = 1,
-                   combines: tuple[str, ...] = ()) -> None:
+                   combines: tuple[str, ...] = (), held: dict[str, int] | None = None
+                   ) -> None:
     """A row phase: its row blocks (``names``) mapped as ``_map_rows`` does with one row per
     block at a time, inputs staged once per tile (``caches``) before its rows and once per
     row (``row_caches``) at each row; each column reduction's partial sum (``accumulators``,
     loops: tile, step, column) accumulated at the step loop and written out after the
     tile. With ``column_tiles``, a task is a row tile's column tile, a column per thread.
     Each of ``combines`` (the combination of a split row's partials) is made at each row,
-    in shared memory, a thread per partial."""
+    in shared memory, a thread per partial. The partial sums of ``held`` (accumulators ->
+    the plan's slots per thread) are in registers, each thread on its columns
+    (``_hold_partial_sums``)."""
+    held = held or {}
     if column_tiles > 1 and len(accumulators) == 1 and not (names or caches or row_caches) \
             and _lanes(sch, accumulators[0], column_tiles, mapping) > 1:
+        assert not held, "the plan holds no column tile's partial sums in registers"
         _map_lanes(sch, mapping, accumulators[0], write_outs[0], column_tiles)
         return
     flatten_rows(sch, mapping.rows, [], only=names)
@@ -561,6 +584,7 @@ def _map_row_phase(sch: s_tir.Schedule, mapping: ThreadMapping, names: set[str],
         if name_of(sch, block) in accumulators:
             tile, step, column = sch.get_loops(block)
             if column_tiles > 1:
+                assert not held, "the plan holds no column tile's partial sums in registers"
                 column_tile, thread = sch.split(column, [column_tiles, None])
                 sch.reorder(column_tile, step)
                 heads.append(sch.fuse(tile, column_tile))
@@ -592,10 +616,39 @@ def _map_row_phase(sch: s_tir.Schedule, mapping: ThreadMapping, names: set[str],
     for block in caches:
         sch.compute_at(block, bx, preserve_unit_loops=True)
         _bind_tile_loops(sch, block, mapping)
-    for name in write_outs:
-        block = sch.get_sblock(name)
+    for name, write_out in zip(accumulators, write_outs, strict=True):
+        block = sch.get_sblock(write_out)
         sch.reverse_compute_at(block, bx, preserve_unit_loops=True)
-        _bind_tile_loops(sch, block, mapping)
+        if name in held:
+            _hold_partial_sums(sch, name, block, held[name], mapping)
+        else:
+            _bind_tile_loops(sch, block, mapping)
+
+
+def _hold_partial_sums(sch: s_tir.Schedule, accumulator: str, write_out: SBlockRV,
+                       slots: int, mapping: ThreadMapping) -> None:
+    """Keep the partial sums of ``accumulator`` (a local buffer over (tile, column), its
+    update at thread ``c % P`` of column ``c``, zeroed before the tile's rows) in ``slots``
+    registers per thread: ``write_out`` (placed after the tile) takes the columns of the
+    same threads, the buffer is laid out by ``column // P`` (a local buffer is private to
+    its thread, and a block walks one tile at a time), and the loops over a thread's
+    columns are unrolled so that every slot is indexed by a constant. TVM would otherwise
+    keep the bounding box of a thread's strided columns: about the whole row, in local
+    memory."""
+    column = sch.get_loops(write_out)[-1]
+    sch.bind(_thread_loop(sch, column, mapping), "threadIdx.x")
+    block = sch.get_sblock(accumulator)
+    init = sch.get_sblock(f"{accumulator}_init")
+    for each in (block, init, write_out):
+        serial = sch.get_loops(each)[-1]
+        assert int(sch.get(serial).extent) == slots, (accumulator, slots)
+        sch.unroll(serial)
+    threads = mapping.threads_per_row
+    buffer = sch.get(block).writes[0].source
+    assert len(buffer.shape) == 2, buffer.shape  # (tile, column): ``_flatten_partials``
+    sch.transform_layout(block, ("write", 0), tirx.IndexMap.from_func(
+        lambda _tile, c: (c // threads,), ndim=2, index_dtype=str(buffer.shape[0].ty.dtype)),
+        assume_injective_transform=True)
 
 
 def _lanes(sch: s_tir.Schedule, accumulator: str, column_tiles: int,
