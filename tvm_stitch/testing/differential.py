@@ -175,6 +175,46 @@ def _rounded_twin_outputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
     return [np.asarray(o).astype(d) for o, d in zip(outputs, dtypes, strict=True)]
 
 
+FLOAT32_ERROR_FACTOR = 4.0
+"""A float32 result that fails the tolerance against onnxruntime passes when it is as close to
+the float64 result as onnxruntime's own float32 result, within this factor (plus the usual
+tolerance): an ill-conditioned graph amplifies float32 rounding beyond any fixed tolerance
+(fuzz seed 2027, graph 62: a LayerNorm over the two row means of 30,000-long log-softmaxes,
+where both flows were 1.7e-4 from float64 and onnxruntime 4.3e-5)."""
+
+
+def as_accurate_as_float32(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
+                           outputs: list[np.ndarray]) -> bool:
+    """Whether every float32 output of ``model`` is within tolerance of the float64 twin's
+    result plus ``FLOAT32_ERROR_FACTOR`` times onnxruntime's own float32 error there, and
+    every other output equal to onnxruntime's; False for models with float16, and where
+    onnxruntime has no float64 kernel for an op."""
+    if has_float16(model):
+        return False
+    wide = {k: v.astype(np.float64) if v.dtype == np.float32 else v for k, v in feeds.items()}
+    try:
+        truth = verify.reference_outputs(widened(model, TensorProto.FLOAT, TensorProto.DOUBLE),
+                                         wide)
+    except Exception:  # noqa: BLE001 - an op without a float64 kernel in onnxruntime
+        return False
+    plain = verify.reference_outputs(model, feeds)
+    for out, exact, ort in zip(outputs, truth, plain, strict=True):
+        ort = np.asarray(ort)
+        if ort.dtype != np.float32 or out.dtype != np.float32:
+            if not compare([out], [ort]).ok:
+                return False
+            continue
+        exact = np.asarray(exact, np.float64)
+        allowed = (verify.ATOL["float32"] + verify.RTOL["float32"] * np.abs(exact)
+                   + FLOAT32_ERROR_FACTOR * np.abs(ort.astype(np.float64) - exact))
+        error = np.abs(out.astype(np.float64) - exact)
+        finite = np.isfinite(exact)
+        if not (np.all(error[finite] <= allowed[finite])
+                and compare([out[~finite]], [ort[~finite]]).ok):
+            return False
+    return True
+
+
 def compare(outputs: list[np.ndarray], expected: list[np.ndarray]) -> verify.Check:
     """``verify.compare`` with dtypes checked and non-finite values compared exactly (an inf
     must be the same inf, a NaN a NaN), and 0-d outputs handled: ``verify.compare`` crashes
@@ -262,12 +302,17 @@ def check_model(model: onnx.ModelProto, flow: str, target: str = DEFAULT_TARGET,
     ran, outputs = _stage(outcome, "simt", simt, *feeds.values()) if ran else (False, None)
     if ran:
         outcome.functions = len(simt.functions)
-        if expected is None:
+        onnxruntime = expected is None
+        if onnxruntime:
             _, expected = _stage(outcome, "reference", reference_outputs, model, feeds)
     if ran and expected is not None:
         check = compare(outputs, expected)
         outcome.max_abs_err = check.max_abs_err
         outcome.stages["compare"] = "ok" if check.ok else difference(outputs, expected)
+        if not check.ok and onnxruntime and as_accurate_as_float32(model, feeds, outputs):
+            check = verify.Check(check.max_abs_err, True)
+            outcome.stages["compare"] = (f"ok: {outcome.stages['compare']} from onnxruntime, "
+                                         "as close to float64 as onnxruntime's float32")
         if not check.ok:  # wrong numbers outrank any crash: never excused, never overwritten
             outcome.kind, outcome.stage = "mismatch", ""
             outcome.error, outcome.raised_at = outcome.stages["compare"], ""
