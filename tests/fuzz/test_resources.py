@@ -143,3 +143,32 @@ def test_a_persistent_grid_is_held_to_the_wave_of_the_gpu_it_was_planned_for() -
     assert any("more than one wave" in v for v in on_a100.tvm_violations)
     planned_for_h200 = check_resources(mod, plan_for("H200"), archs=("sm_80",))
     assert not any("more than one wave" in v for v in planned_for_h200.tvm_violations)
+
+
+@T.prim_func(s_tir=True)
+def huge_shared(a: T.Buffer((16384,), "float32"), b: T.Buffer((16384,), "float32")):
+    """64 KB of static shared memory in one block: nvcc refuses to build it (dlight's GEMV for
+    K=4097 did this, fuzz seed 2027 graph 89)."""
+    T.func_attr({"tirx.is_scheduled": True})
+    s = T.sblock_alloc_buffer((16384,), scope="shared")
+    for _i in T.thread_binding(1, thread="blockIdx.x"):
+        for _j in T.thread_binding(1, thread="threadIdx.x"):
+            for k in range(16384):
+                with T.sblock("load"):
+                    vk = T.axis.remap("S", [k])
+                    s[vk] = a[vk]
+            for k in range(16384):
+                with T.sblock("store"):
+                    vk = T.axis.remap("S", [k])
+                    b[vk] = s[16383 - vk]
+
+
+def test_a_kernel_nvcc_rejects_is_a_problem_of_that_kernel() -> None:
+    """Not a crash of the checker: TVM's kernel is reported as TVM's, a stitched one as ours."""
+    tvm_report = check_resources(IRModule({"huge_shared": huge_shared}), archs=("sm_80",))
+    (line,) = tvm_report.tvm_violations
+    assert "does not build for sm_80" in line and "too much shared data" in line, line
+    assert not tvm_report.violations
+    stitched = huge_shared.with_attr(GROUP_ATTR, 0)
+    (line,) = check_resources(IRModule({"huge_shared": stitched}), archs=("sm_80",)).violations
+    assert "does not build for sm_80" in line

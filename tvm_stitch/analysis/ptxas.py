@@ -46,6 +46,10 @@ class PtxasError(RuntimeError):
     """nvcc is missing, failed, or printed something we could not read."""
 
 
+class BuildError(PtxasError):
+    """nvcc rejected the source (a compile error, or a kernel over a hardware limit)."""
+
+
 @dataclass(frozen=True)
 class KernelResources:
     """Per-thread registers and per-block static shared memory of one compiled kernel."""
@@ -113,7 +117,7 @@ def _compile(nvcc: str, source: str, arch: str) -> dict[str, KernelResources]:
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     output = proc.stdout + proc.stderr
     if proc.returncode != 0:
-        raise PtxasError(f"nvcc failed ({' '.join(cmd)}):\n{output}")
+        raise BuildError(f"nvcc failed ({' '.join(cmd)}):\n{output}")
     resources = parse_ptxas(output)
     if not resources:
         raise PtxasError(f"no kernel found in the ptxas output:\n{output}")
