@@ -71,7 +71,11 @@ def hold_inputs(sch: s_tir.Schedule, group: Group) -> s_tir.Schedule:
     unguarded = tvm_ffi.structural_map(
         func, [(s_tir.stmt.SBlockRealize, lambda r: _whole_steps(r, set(names), ana))])
     sch = sch if unguarded.same_as(func) else s_tir.Schedule(unguarded)
-    _guard_last_step(sch, names, threads)
+    if not group.phases:
+        # A persistent grid's phases are later cut out of the kernel by block: the partition
+        # copies a reader's block, and the float16 persistent grid of fuzz seed 2027, graph 139
+        # then spilled and passed its arrays shifted on the SIMT runner.
+        _guard_last_step(sch, names, threads)
     return sch
 
 
