@@ -48,11 +48,17 @@ class Workspace:
 
 @dataclass(frozen=True)
 class KernelLaunch:
-    """One kernel call made by the host function, with symbolic arguments and extents."""
+    """One kernel call made by the host function, with symbolic arguments and extents.
+
+    ``launch`` pairs each thread tag (``blockIdx.x``, ``threadIdx.y``, ...) with its extent;
+    ``dynamic_shared_bytes`` is the dynamic shared memory the host gives each block (TVM's
+    launch parameter ``tirx.use_dyn_shared_memory``), None for a kernel without any.
+    """
 
     kernel: str
     args: tuple[BufferArg | WorkspaceArg | tvm.ir.PrimExpr, ...]
     launch: tuple[tuple[str, tvm.ir.PrimExpr], ...]
+    dynamic_shared_bytes: tvm.ir.PrimExpr | None = None
 
     def geometry(self, ana: Analyzer) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
         """Blocks per grid and threads per block, (x, y, z) each, under ``ana``'s bindings."""
@@ -181,6 +187,9 @@ def lower(func: tirx.PrimFunc, name: str, target: Target, vectorize: bool = True
     return LoweredFunc(name, list(host.params), binds, launches, workspaces, device, target)
 
 
+_DYNAMIC_SHARED_TAG = "tirx.use_dyn_shared_memory"
+
+
 def _read_host(host: tirx.PrimFunc, name: str, device: IRModule
                ) -> tuple[list[tuple[tvm.ir.Var, tvm.ir.PrimExpr]], list[KernelLaunch],
                           list[Workspace]]:
@@ -232,11 +241,14 @@ def _read_host(host: tirx.PrimFunc, name: str, device: IRModule
             params = device[kernel].params
             tags = [str(t) for t in call.attrs.launch_params]
             values = list(call.args[1:])
-            if "tirx.use_dyn_shared_memory" in tags:
-                raise LoweringError(f"{name}: dynamic shared memory is not supported")
             args, extents = values[: len(params)], values[len(params):]
+            dynamic_shared = None
+            if _DYNAMIC_SHARED_TAG in tags:
+                dynamic_shared = extents.pop(tags.index(_DYNAMIC_SHARED_TAG))
+                tags.remove(_DYNAMIC_SHARED_TAG)
             launches.append(KernelLaunch(kernel, tuple(argument(a) for a in args),
-                                         tuple(zip(tags, extents, strict=True))))
+                                         tuple(zip(tags, extents, strict=True)),
+                                         dynamic_shared))
         else:
             raise LoweringError(
                 f"{name}: host code has a {type(stmt).__name__}, which the launcher cannot run"

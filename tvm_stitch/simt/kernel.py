@@ -26,7 +26,7 @@ from ..lowering import (
     scalar_dtype,
 )
 from ..target import opencl_target
-from . import retype
+from . import device, retype
 from .grid import GridBarriers
 
 
@@ -64,6 +64,15 @@ def _opencl_math_names(source: str) -> str:
     return _C_FLOAT_CALL.sub(r"\1(", source)
 
 
+def _with_helpers(source: str) -> str:
+    """``source`` with the definitions of the helper functions it calls prepended."""
+    if device.WMMA_PREFIX in source:
+        source = device.WMMA_DEFINITIONS + source
+    if retype.ROUND_HALF in source:
+        source = retype.OPENCL_DEFINITION + source
+    return source
+
+
 BUILD_OPTIONS = ("-cl-opt-disable",)
 """Options PoCL builds every kernel with. PoCL compiles a kernel for its work-group size at
 the first launch, turning each region between two barriers into a loop over the work-items;
@@ -89,7 +98,8 @@ class SimtFunction:
         self.lowered = lowered
         self.grid_barriers = GridBarriers(lowered)
         if source is None:
-            source = _opencl_math_names(_bool_as_bytes(self.grid_barriers.source()))
+            source = _with_helpers(_opencl_math_names(_bool_as_bytes(
+                self.grid_barriers.source())))
         self.source = source
         program = _program(self.source)
         self._kernels = {name: cl.Kernel(program, name)
@@ -102,9 +112,12 @@ class SimtFunction:
         Vectorised loops run lane by lane: TVM's OpenCL code generator gets vector booleans
         wrong (OpenCL's vector ``&&`` and comparisons yield -1 for true, which TVM then tests
         with ``0 < x``), while CUDA, like a per-lane loop, computes each lane as a scalar.
-        float16 kernels run as float32 ones (``retype``); calls convert at the boundary.
+        float16 kernels run as float32 ones that round every float16 result to half
+        (``retype``); calls convert at the boundary. Dynamic shared memory and warp matrix
+        fragments are rewritten into what OpenCL has (``device``).
         """
-        return cls(lower(retype.float32_version(func), name, opencl_target(), vectorize=False))
+        lowered = lower(retype.float32_version(func), name, opencl_target(), vectorize=False)
+        return cls(device.for_opencl(lowered, device.half_accumulators(func)))
 
     def __call__(self, *arrays: np.ndarray, **scalars: int) -> None:
         given, arrays = arrays, retype.widen(arrays)

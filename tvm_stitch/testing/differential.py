@@ -25,10 +25,11 @@ Independently of the kind, ``fallbacks`` lists the regions the stitch plan left 
 the reason), ``violations`` the per-kernel resource limits broken by kernels the stitch flow
 scheduled and ``tvm_violations`` those broken by kernels TVM scheduled (``resources``).
 
-float16 references: onnxruntime's CPU provider lacks float16 kernels for many ops, and the SIMT
-runner computes float16 kernels in float32 (``tvm_stitch.simt.retype``), so the reference for
-a model with float16 tensors is onnxruntime on its float32 twin (every float16 type, constant
-and cast made float32), rounded to float16 at the outputs.
+float16 references: onnxruntime's CPU provider lacks float16 kernels for many ops, so the
+reference for a model with float16 tensors is onnxruntime on its float32 twin (every float16
+type, constant and cast made float32), rounded to float16 at the outputs. The SIMT runner
+rounds every float16 result of a kernel to half, as the GPU computes it
+(``tvm_stitch.simt.retype``), so half-precision error shows against that reference.
 """
 
 from __future__ import annotations
