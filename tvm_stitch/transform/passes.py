@@ -4,9 +4,10 @@ SplitToSlices (each part of a split is a slice, which stitches with its readers)
 (``power`` by a small integer is multiplications: TVM's fast-math CUDA ``powf`` is NaN for
 negative bases), UnitReduction (a sum, mean, max, min or prod over axes of extent 1 is a
 reshape: TVM's fused schedule of such a reduction applies its epilogue to the accumulator),
-the same passes as TVM's default CUDA legalization (LegalizeOps, AnnotateTIROpPattern,
-FoldConstant), then StitchFuse in place of FuseOps + FuseTIR, then StitchSchedule in place of
-dlight's ApplyDefaultSchedule.
+Float32Reductions (a float16 sum, mean or softmax accumulates in float32, where TVM's
+legalization accumulates in float16), the same passes as TVM's default CUDA legalization
+(LegalizeOps, AnnotateTIROpPattern, FoldConstant), then StitchFuse in place of FuseOps +
+FuseTIR, then StitchSchedule in place of dlight's ApplyDefaultSchedule.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from tvm.target import Target
 
 from ..schedule.rule import StitchSchedule
 from .exact_power import ExactPower
+from .float32_reductions import Float32Reductions
 from .split_slices import SplitToSlices
 from .stitch_fuse import StitchFuse
 from .unit_reduction import UnitReduction
@@ -28,6 +30,7 @@ def fusion_passes(target: Target) -> list[tvm.transform.Pass]:
         SplitToSlices(),
         ExactPower(),
         UnitReduction(),
+        Float32Reductions(),
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
