@@ -64,8 +64,21 @@ def _opencl_math_names(source: str) -> str:
     return _C_FLOAT_CALL.sub(r"\1(", source)
 
 
+SCALAR_SELECT = """
+#undef select
+#define select(a, b, c) ((c) ? (b) : (a))
+"""
+"""OpenCL's ``select`` as C's conditional, for scalar kernels: TVM's OpenCL code passes it
+operands of different types where C promotes small integers (``select(rmod + y, rmod, c)`` on
+int8 is ``select(int, char, char)``), which PoCL's overloads reject as ambiguous (ONNX node
+tests ``test_mod_mixed_sign_int8``/``int16``). The runner runs every kernel lane by lane, so a
+scalar conditional is ``select`` exactly; the assignment converts back as CUDA's code does."""
+
+
 def _with_helpers(source: str) -> str:
     """``source`` with the definitions of the helper functions it calls prepended."""
+    if "select(" in source:
+        source = SCALAR_SELECT + source
     if device.WMMA_PREFIX in source:
         source = device.WMMA_DEFINITIONS + source
     if retype.ROUND_HALF in source:
