@@ -137,6 +137,8 @@ class Buffer:
     ``block`` names the TIR block that writes an intermediate (buffer names may repeat in a
     fused PrimFunc, block names do not). ``per_block`` marks an input staged once per thread
     block and shared by all the rows the block handles (a bias, a scale, a mask row).
+    ``registers`` is the elements each thread holds of a buffer whose register size the plan
+    fixes (the partial sums of a column reduction kept in registers), 0 otherwise.
     """
 
     name: str
@@ -146,6 +148,7 @@ class Buffer:
     note: str = ""
     block: str = ""
     per_block: bool = False
+    registers: int = 0
 
 
 @dataclass(frozen=True)
@@ -356,6 +359,7 @@ def format_plan(plan: StitchPlan) -> str:
             lines.append(f"  in registers (inlined): {', '.join(g.inlined)}")
         for b in g.buffers:
             size = f", {b.shared_bytes} B" if b.shared_bytes else ""
+            size += f", {b.registers} per thread" if b.registers else ""
             note = f" ({b.note})" if b.note else ""
             lines.append(f"  {b.role} {b.name}: {b.level.value}{size}{note}")
         if g.shared_budget:

@@ -19,6 +19,7 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
+from ..plan import GROUP_ATTR
 from .guards import IF_THEN_ELSE
 
 
@@ -81,7 +82,13 @@ def _unit(iv: tirx.IterVar) -> bool:
 
 
 def has_contraction(func: tirx.PrimFunc) -> bool:
-    """True when ``func`` contains a matmul- or convolution-like reduction block."""
+    """True when ``func`` contains a matmul- or convolution-like reduction block. A stitched
+    kernel (``plan.GROUP_ATTR``) never does: the stitch flow groups memory-intensive ops only,
+    and its register copies are indexed by a thread's slot rather than by the tensor's
+    indices (a held row of ``dy`` read as ``dy_local[column // threads]`` looks reused
+    across the row tiles of a ``dgamma`` sum)."""
+    if func.attrs is not None and GROUP_ATTR in func.attrs:
+        return False
     found = False
 
     def visit(block: s_tir.SBlock) -> None:

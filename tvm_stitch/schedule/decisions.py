@@ -397,10 +397,13 @@ def _decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows:
 
     Row blocks are decided as in a Regional group, each column reduction keeps a partial sum
     per row tile in shared memory (``accumulator``) that it writes out (``partial``), and the
-    next column phase combines them. A row intermediate read in a later phase is recomputed
-    there (inlined): nothing but global memory survives a grid barrier. ``threads`` fixes
-    the block size (else the row mapping's). Row blocks must stay in their rows, except in
-    ``split`` rows (task splitting), whose sub-rows write their row's elements by design.
+    next column phase combines them; when the partial sums of all column reductions would
+    take more than a quarter of the shared budget, each thread keeps its columns' sums in
+    registers instead (``_partial_sums_in_registers``). A row intermediate read in a later
+    phase is recomputed there (inlined): nothing but global memory survives a grid barrier.
+    ``threads`` fixes the block size (else the row mapping's). Row blocks must stay in their
+    rows, except in ``split`` rows (task splitting), whose sub-rows write their row's
+    elements by design.
     """
     if is_symbolic(rows):
         raise Unstitchable("symbolic row count: Global stitching needs a persistent grid "
@@ -431,12 +434,15 @@ def _decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows:
     accumulators = {name: roles.columns[name] * _bytes(sch.get(sch.get_sblock(name)).writes[0]
                                                         .source)
                     for name in roles.columns}
-    room = budget - sum(accumulators.values())
-    if room < budget * 3 // 4:
-        raise Unstitchable(f"partial sums of the column reductions need "
-                           f"{sum(accumulators.values())} B of shared memory per block, more "
-                           f"than a quarter of {budget} B: needs tiles of columns")
-    mapping = _fit_budget(sch, dec, mapping, room)
+    needed = sum(accumulators.values())
+    in_registers: dict[str, int] = {}  # column reduction -> partial sums per thread
+    if budget - needed < budget * 3 // 4:
+        in_registers = _partial_sums_in_registers(roles, mapping)
+        dec.demotions.append(f"partial sums of the column reductions in registers, "
+                             f"{sum(in_registers.values())} per thread ({needed} B of shared "
+                             f"memory > a quarter of {budget} B)")
+        accumulators = {}
+    mapping = _fit_budget(sch, dec, mapping, budget - sum(accumulators.values()))
     vector = row_vector(length, _widest_element(sch, func))
     # As in a row group (a vector would not follow held registers), and only when every
     # thread gets a whole vector: the block's threads are sized for scalar accesses, and
@@ -446,7 +452,9 @@ def _decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows:
     roles = assign_roles(sch, rows)
     # An input staged once per block covers the block's whole rows, not a tile of its columns
     # (tiling columns then read the staged copy at the wrong columns).
-    options = [] if dec.block_shared else _column_tile_options(roles, mapping.threads_per_block)
+    # Nor do registers, which hold a thread's columns of every row of its tile.
+    options = [] if dec.block_shared or in_registers \
+        else _column_tile_options(roles, mapping.threads_per_block)
     most = max(options, default=1)
     accumulators = {name: size // most + (mapping.threads_per_block * _bytes(
         sch.get(sch.get_sblock(name)).writes[0].source) if most > 1 else 0)
@@ -458,14 +466,22 @@ def _decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows:
     launch = _launch(gpu, mapping.threads_per_block, shared)
     tiles, column_tiles = _tiles(options, roles, rows, mapping.threads_per_block, launch.wave)
     reread, per_row = _register_cache(sch, func, dec, mapping, infos)
+    sums = sum(in_registers.values())  # held for the whole tile, as the row walk's elements
     cap = cached_elements_cap(launch)
-    if per_row > cap:
+    if sums + per_row > cap:
+        if sums:
+            raise Unstitchable(f"partial sums of the column reductions need {needed} B of "
+                               f"shared memory per block, more than a quarter of {budget} B, "
+                               f"and in registers {sums} per thread, which with the "
+                               f"{per_row} elements of the inputs it re-reads per row are "
+                               f"more than {_cap_text(launch)}: needs tiles of columns")
         raise Unstitchable(f"each thread would keep {per_row} elements of the inputs it "
                            f"re-reads ({', '.join(reread)}) in registers per row, more than "
                            f"{_cap_text(launch)}")
-    if rows // tiles * per_row > cap:
+    if rows // tiles * per_row + sums > cap:
         held = f"{', '.join(reread)}: {rows // tiles * per_row} elements"
-        capped = _fewest_tiles(rows, cap // per_row)
+        held += f", and {sums} partial sums" if sums else ""
+        capped = _fewest_tiles(rows, (cap - sums) // per_row)
         if capped <= launch.wave:
             dec.demotions.append(f"row tiles {tiles} -> {capped}: a tile of {rows // tiles} "
                                  f"rows would keep the inputs each thread re-reads ({held}) "
@@ -491,14 +507,27 @@ def _decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows:
         Buffer(name, "partial", StorageLevel.GLOBAL, 0,
                f"{tiles} x {roles.columns[name]} partial sums, combined in the next phase",
                name) for name in roles.columns)
-    sums = tuple(Buffer(name, "accumulator", StorageLevel.SHARED, size,
-                        "partial sum of the block's row tile", name)
-                 for name, size in accumulators.items())
+    accumulated = tuple(
+        Buffer(name, "accumulator", StorageLevel.REGISTER, 0,
+               f"partial sum of the block's row tile, {in_registers[name]} column(s) per "
+               "thread", name, registers=in_registers[name]) if name in in_registers
+        else Buffer(name, "accumulator", StorageLevel.SHARED, accumulators[name],
+                    "partial sum of the block's row tile", name)
+        for name in (*accumulators, *in_registers))
     return replace(group, mapping=mapping, inlined=tuple(dec.inlined),
-                   buffers=_buffers(dec, mapping, reused) + sums + partials + staged,
+                   buffers=_buffers(dec, mapping, reused) + accumulated + partials + staged,
                    shared_bytes=shared, shared_budget=budget,
                    demotions=tuple(dec.demotions), launch=replace(launch, grid=grid),
                    phases=phases)
+
+
+def _partial_sums_in_registers(roles: Roles, mapping: ThreadMapping) -> dict[str, int]:
+    """Partial sums per thread of each column reduction kept in registers: a row phase maps
+    column ``c`` of every row of its tile to thread ``c % P`` of its ``P`` threads
+    (``emit._thread_loop``), so a thread sums the same ``ceil(width / P)`` columns over the
+    whole tile and no other thread touches them: registers, and no shared memory."""
+    threads = mapping.threads_per_row
+    return {name: -(-width // threads) for name, width in roles.columns.items()}
 
 
 def _phase_inputs(sch: s_tir.Schedule, roles: Roles, rows: int, room: int

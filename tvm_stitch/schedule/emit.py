@@ -11,8 +11,9 @@ barriers between phases), reductions become cross-thread reductions over threadI
 
 A Global group (``Group.phases``) is scheduled phase by phase, each phase a launch nest of
 its own: a row phase maps its row tiles as above and accumulates every column reduction it
-feeds in a shared-memory partial sum per tile (``rfactor`` over the tiles), written out at
-the end of the tile (a row phase of column reductions alone takes a tile of the columns
+feeds in a partial sum per tile (``rfactor`` over the tiles; in shared memory, or where the
+plan says so in the registers of the thread that walks each column), written out at the
+end of the tile (a row phase of column reductions alone takes a tile of the columns
 per task, a column per thread or, narrower than the block, a column per thread of each of
 its lanes, whose sums it adds up first); a column phase sums those partials, a thread per
 column, and computes what depends on them. ``kernel`` then makes the nests one persistent
@@ -637,7 +638,7 @@ def _hold_partial_sums(sch: s_tir.Schedule, accumulator: str, write_out: SBlockR
     memory."""
     column = sch.get_loops(write_out)[-1]
     sch.bind(_thread_loop(sch, column, mapping), "threadIdx.x")
-    block = sch.get_sblock(accumulator)
+    block = sch.get_sblock(f"{accumulator}_update")  # the names decompose_reduction gives
     init = sch.get_sblock(f"{accumulator}_init")
     for each in (block, init, write_out):
         serial = sch.get_loops(each)[-1]

@@ -1,0 +1,106 @@
+"""The partial sums of a Global group's column reductions at real widths live in registers.
+
+A LayerNorm backward over rows of 4608 (dgamma and dbeta: 2 x 4608 x 4 B = 36,864 B of
+partial sums per block), three column sums over 4608 columns (55,296 B) and torch's MLP
+backward at real size (18,432 B: the bias gradient of the 3072-wide FFN and the LayerNorm's
+weight gradients) fell back: partial sums above a quarter of the 48 KB shared budget were
+refused ("needs tiles of columns"). A row phase gives column ``c`` of every row of its tile
+to thread ``c % P``, so each thread now sums its ``ceil(width / P)`` columns in registers and
+writes them out once per tile. Owner: schedule/decisions.py (``_decide_global``),
+schedule/emit.py (``_hold_partial_sums``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx.numpy_helper
+import pytest
+
+from tvm_stitch import pipeline
+from tvm_stitch.analysis import analyze
+from tvm_stitch.frontend.onnx import import_model
+from tvm_stitch.plan import StitchPlan, StorageLevel
+from tvm_stitch.testing.differential import check_model
+from tvm_stitch.workloads import micro, models
+
+TOO_LARGE = "partial sums of the column reductions need"
+
+
+def _column_sums(rows: int, width: int) -> onnx.ModelProto:
+    """Sum, sum of squares and sum of magnitudes of each column of ``x``."""
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [rows, width])
+    nodes = [onnx.helper.make_node(op, ["x", "axes"], [out], keepdims=0)
+             for op, out in (("ReduceSum", "s"), ("ReduceSumSquare", "q"), ("ReduceL1", "a"))]
+    outputs = [onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [width])
+               for n in ("s", "q", "a")]
+    graph = onnx.helper.make_graph(nodes, "column_sums", [x], outputs,
+                                   [onnx.numpy_helper.from_array(np.array([0]), "axes")])
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)])
+
+
+def _accumulators(plan: StitchPlan) -> list:
+    (group,) = plan.groups
+    return [b for b in group.buffers if b.role == "accumulator"]
+
+
+def _lower(model: onnx.ModelProto, flow: str = "stitch"):
+    scheduled = pipeline.lower(import_model(model), "cuda:sm_90", flow)
+    return scheduled, StitchPlan.of_module(scheduled)
+
+
+def test_layernorm_backward_at_a_real_width_is_one_kernel_within_the_baseline() -> None:
+    model = micro.layernorm_backward((8192, 4608))
+    scheduled, plan = _lower(model)
+    assert not plan.fallbacks
+    (group,) = plan.groups
+    # 1024 threads per row: 5 of the 4608 columns per thread, for dgamma and for dbeta
+    assert [(b.level, b.registers, b.shared_bytes) for b in _accumulators(plan)] == [
+        (StorageLevel.REGISTER, 5, 0)] * 2
+    assert group.shared_bytes <= group.shared_budget
+    assert StitchPlan.from_json(plan.to_json()) == plan  # the slots survive the module attr
+    stitched = analyze(scheduled)
+    baseline = analyze(_lower(model, "baseline")[0])
+    assert len(stitched.kernels) == 1 <= len(baseline.kernels)
+    # a stitched kernel is memory-intensive, though its register copies drop the row index
+    assert stitched.mem_kernels == 1
+    assert stitched.global_bytes <= baseline.global_bytes
+
+
+@pytest.mark.parametrize("model", [micro.layernorm_backward((1024, 4608)),
+                                   _column_sums(512, 4608)],
+                         ids=["layernorm_backward", "three_column_sums"])
+def test_partial_sums_in_registers_match_onnxruntime_within_the_resources(
+        model: onnx.ModelProto) -> None:
+    _, plan = _lower(model)
+    assert not plan.fallbacks
+    assert {b.level for b in _accumulators(plan)} == {StorageLevel.REGISTER}
+    outcome = check_model(model, "stitch")
+    # nvcc/ptxas for sm_80 and sm_90: no spill, no stack frame, every array in the budget
+    assert outcome.kind == "ok", outcome.error
+    assert not outcome.violations
+
+
+def test_partial_sums_within_a_quarter_of_the_budget_stay_in_shared_memory() -> None:
+    _, plan = _lower(micro.layernorm_backward((8192, 768)))
+    assert [(b.level, b.shared_bytes) for b in _accumulators(plan)] == [
+        (StorageLevel.SHARED, 768 * 4)] * 2
+
+
+def test_partial_sums_too_many_for_registers_fall_back_with_the_reason() -> None:
+    # 16384 columns over 1024 threads: 3 x 16 sums per thread, over the 32-element budget
+    _, plan = _lower(_column_sums(1024, 16384))
+    (fallback,) = plan.fallbacks
+    assert fallback.reason.startswith(TOO_LARGE)
+    assert "in registers 48 per thread" in fallback.reason
+    assert fallback.reason.endswith("needs tiles of columns")
+
+
+@pytest.mark.slow
+def test_mlp_backward_at_real_size_stitches_its_layernorm_backward() -> None:
+    model = models.load_model("mlp_backward", "real", layers=1)
+    scheduled, plan = _lower(model)
+    assert not [f.reason for f in plan.fallbacks if f.reason.startswith(TOO_LARGE)]
+    stitched = analyze(scheduled)
+    baseline = analyze(_lower(model, "baseline")[0])
+    assert len(stitched.kernels) <= len(baseline.kernels)
+    assert stitched.global_bytes <= baseline.global_bytes
