@@ -242,3 +242,11 @@ def test_long_float32_reductions_are_checked_against_float64() -> None:
     (got,) = differential.reference_outputs(model, {"x": x})
     assert got.dtype == np.float32
     np.testing.assert_array_equal(got, x.astype(np.float64).mean(0).astype(np.float32))
+
+
+def test_float32_outputs_of_a_float16_model_are_held_to_float16s_tolerance() -> None:
+    # a float16 LayerNorm cast to float32 differs from the twin by a half ulp (2e-3 at 4)
+    ref = np.array([4.0, -3.5], np.float32)
+    off = ref + np.float32(2e-3)
+    assert not compare([off], [ref]).ok and compare([off], [ref], half=True).ok
+    assert not compare([ref + np.float32(0.1)], [ref], half=True).ok
