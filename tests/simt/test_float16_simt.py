@@ -152,6 +152,7 @@ def _run_matmul(shape: tuple[int, int, int]) -> tuple[SimtModule, verify.Check]:
     return module, verify.compare([y], [exact.astype(np.float16)])
 
 
+@pytest.mark.slow  # 65-80 s on 2 cores, most of it importing TVM's tensor intrinsics
 def test_tvm_tensor_core_matmul_runs_on_the_simt_runner() -> None:
     """dlight's tensor-core rule (a float16 matmul whose extents all exceed 64) stages tiles in
     dynamic shared memory and multiplies warp matrix fragments. (The first such compile in a
