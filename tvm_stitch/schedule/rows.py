@@ -123,6 +123,19 @@ def block_rows(sch: s_tir.Schedule, block: SBlockRV, rows: int) -> BlockRows:
     return info
 
 
+def _range(it: Iter) -> tvm.ir.Range:
+    """An iterator's domain, from 0."""
+    return tvm.ir.Range(tirx.IntImm(it.var.ty.dtype, 0), it.size.astype(it.var.ty.dtype))
+
+
+def _bound(info: BlockRows) -> Analyzer:
+    """An analyzer that knows the domains of ``info``'s iterators."""
+    ana = Analyzer()
+    for it in info.iters:
+        ana.bind(it.var, _range(it))
+    return ana
+
+
 def _row_index(exprs: list[tvm.ir.PrimExpr], extents: list[tvm.ir.PrimExpr]
                ) -> tvm.ir.PrimExpr | None:
     if not exprs:
@@ -157,10 +170,7 @@ def access_rows(info: BlockRows, region: tvm.ir.TensorRegion, rows: int) -> str:
     kb = prefix_split(shape, rows)
     if not kb or any(dependent[:kb]):
         return "other"
-    ana = Analyzer()
-    for it in info.iters:
-        ana.bind(it.var, tvm.ir.Range(tirx.IntImm(it.var.ty.dtype, 0),
-                                      it.size.astype(it.var.ty.dtype)))
+    ana = _bound(info)
     if not all(ana.can_prove_equal(r.extent, 1) for r in dims[:kb]):
         return "other"
     mine = _row_index(row_vars, [i.size for i in info.row_iters])
@@ -186,12 +196,8 @@ def permuted_row(info: BlockRows, region: tvm.ir.TensorRegion, rows: int) -> boo
             or any(_uses_any(r.min, row_vars) or _uses_any(r.extent, row_vars)
                    for r in dims[kb:]):
         return False
-    domain = {i.var: tvm.ir.Range(tirx.IntImm(i.var.ty.dtype, 0), i.size.astype(i.var.ty.dtype))
-              for i in info.row_iters}
-    ana = Analyzer()
-    for it in info.iters:
-        ana.bind(it.var, tvm.ir.Range(tirx.IntImm(it.var.ty.dtype, 0),
-                                      it.size.astype(it.var.ty.dtype)))
+    domain = {i.var: _range(i) for i in info.row_iters}
+    ana = _bound(info)
     if not all(ana.can_prove_equal(r.extent, 1) for r in dims[:kb]):
         return False
     index = _row_index([r.min for r in dims[:kb]], list(region.source.shape)[:kb])
@@ -210,10 +216,7 @@ def reads_own_element(info: BlockRows, region: tvm.ir.TensorRegion, rows: int) -
             or prod(shape[kb:]) != info.elements:
         return False
     dims = list(region.region)[kb:]
-    ana = Analyzer()
-    for it in info.iters:
-        ana.bind(it.var, tvm.ir.Range(tirx.IntImm(it.var.ty.dtype, 0),
-                                      it.size.astype(it.var.ty.dtype)))
+    ana = _bound(info)
     if not all(ana.can_prove_equal(r.extent, 1) for r in dims):
         return False
     theirs = _row_index([r.min for r in dims], list(region.source.shape)[kb:])
