@@ -60,7 +60,13 @@ from .mapping import (
     row_vector,
     with_rows_per_block,
 )
-from .occupancy import cached_elements_cap, device_of, kernel_shared_bytes, launch_config
+from .occupancy import (
+    aligned_shared,
+    cached_elements_cap,
+    device_of,
+    kernel_shared_bytes,
+    launch_config,
+)
 from .phases import (
     COLUMN,
     COLUMN_SPACE,
@@ -912,11 +918,13 @@ def _widest_element(sch: s_tir.Schedule, func: tirx.PrimFunc) -> int:
 
 
 def _shared_bytes(dec: _Decisions, mapping: ThreadMapping) -> int:
+    """Shared memory of the staged buffers and the reductions' scratch, each array aligned as
+    TVM declares it."""
     rpb = mapping.rows_per_block
-    data = sum(s.bytes_for(rpb) for s in dec.regional + dec.staged)
-    data += sum(b.size for b in dec.block_shared)
+    data = sum(aligned_shared(s.bytes_for(rpb)) for s in dec.regional + dec.staged)
+    data += sum(aligned_shared(b.size) for b in dec.block_shared)
     warps = -(-mapping.threads_per_block // WARP_SIZE)
-    return data + dec.reductions * warps * 4
+    return data + dec.reductions * aligned_shared(warps * 4)
 
 
 def _fit_budget(sch: s_tir.Schedule, dec: _Decisions, mapping: ThreadMapping,

@@ -118,6 +118,11 @@ SHARED_ALIGNMENT = 64
 """TVM's CUDA code generator declares every shared array ``alignas(64)``."""
 
 
+def aligned_shared(size: int) -> int:
+    """Bytes a shared array of ``size`` bytes takes, declared ``alignas(SHARED_ALIGNMENT)``."""
+    return _ceil_div(size, SHARED_ALIGNMENT) * SHARED_ALIGNMENT
+
+
 def kernel_shared_bytes(kernel: tirx.PrimFunc) -> int:
     """Static shared memory a finalised device kernel declares: its shared allocations, each
     rounded up to the alignment they are declared with (an upper bound of ptxas' figure)."""
@@ -130,7 +135,7 @@ def kernel_shared_bytes(kernel: tirx.PrimFunc) -> int:
                                                     for d in buf.shape):
             size = prod(int(d) for d in buf.shape) * max(1, buf.dtype.bits
                                                            * buf.dtype.lanes // 8)
-            total += _ceil_div(size, SHARED_ALIGNMENT) * SHARED_ALIGNMENT
+            total += aligned_shared(size)
 
     tvm_ffi.structural_walk(kernel, [(tirx.AllocBuffer, visit)])
     return total
@@ -149,6 +154,6 @@ def launch_config(gpu: GPU, threads: int, shared_bytes: int, grid: int = 0,
                   gpu.sms, grid)
 
 
-__all__ = ["ASSUMED_REGISTERS", "REGISTERS_PER_CACHED_ELEMENT", "SIMT_DEVICE", "blocks_per_sm",
-           "cached_elements_cap", "device_of", "kernel_shared_bytes", "launch_config",
-           "max_registers"]
+__all__ = ["ASSUMED_REGISTERS", "REGISTERS_PER_CACHED_ELEMENT", "SIMT_DEVICE", "aligned_shared",
+           "blocks_per_sm", "cached_elements_cap", "device_of", "kernel_shared_bytes",
+           "launch_config", "max_registers"]
