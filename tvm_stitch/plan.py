@@ -266,11 +266,20 @@ class Fallback:
 
 @dataclass(frozen=True)
 class ComputeOp:
-    """A compute-intensive op on TVM's default path, with the epilogue TVM fuses into it."""
+    """A compute-intensive op on TVM's default path, with the epilogue TVM fuses into it and
+    the copies its kernel absorbs (``graph.operands``): it reads its operands through
+    ``reads_through`` and writes its result through ``writes_through``."""
 
     op: str
     kind: str
     epilogue: tuple[str, ...] = ()
+    reads_through: tuple[str, ...] = ()
+    writes_through: tuple[str, ...] = ()
+
+    @property
+    def absorbed(self) -> tuple[str, ...]:
+        """Every copy the kernel absorbs."""
+        return self.reads_through + self.writes_through
 
 
 @dataclass(frozen=True)
@@ -384,7 +393,9 @@ def format_plan(plan: StitchPlan) -> str:
         lines.append(f"fallback {', '.join(f.ops)}: {f.reason}")
     for c in plan.compute:
         epi = f" + epilogue {', '.join(c.epilogue)}" if c.epilogue else ""
-        lines.append(f"compute {c.op} ({c.kind}){epi}: TVM default path")
+        moves = "".join(f" + {what} {', '.join(ops)}" for what, ops in (
+            ("reads through", c.reads_through), ("writes through", c.writes_through)) if ops)
+        lines.append(f"compute {c.op} ({c.kind}){epi}{moves}: TVM default path")
     for r in plan.refusals:
         lines.append(f"refused merge {r.first} + {r.second}: {r.reason}")
     lines.extend(f"note: {n}" for n in plan.notes)

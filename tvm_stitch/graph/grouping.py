@@ -12,6 +12,9 @@
    is legal once that cluster has joined one of the two.
 3. Unconnected clusters with the same row space merge when no cycle forms (remote stitching).
 
+Before clustering, copies next to a matmul (a transpose that splits heads, ...) may join the
+compute op's kernel instead (``graph.operands``): that kernel reads or writes through them.
+
 Ops that are memory-intensive but cannot be stitched (a window reduction, a symbolic shape,
 several outputs, ...) are left out with their reason, together with what FuseOps fuses with
 them, and go through TVM's FuseOps.
@@ -19,10 +22,11 @@ them, and go through TVM's FuseOps.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..plan import ComputeOp, Fallback, Refusal
 from .dataflow import DataflowGraph, Node
+from .operands import Limits, absorbed_copies
 from .ops import OpKind
 
 
@@ -130,22 +134,27 @@ class Grouping:
     fallbacks: list[Fallback] = field(default_factory=list)
     compute: list[ComputeOp] = field(default_factory=list)
     refusals: list[Refusal] = field(default_factory=list)
+    operands: list[tuple[OpGroup, ComputeOp]] = field(default_factory=list)
+    """Compute kernels that absorb copies: all their nodes, and their plan entry."""
 
 
 def group_ops(graph: DataflowGraph, excluded: dict[str, str] | None = None,
-              tvm_groups: list[frozenset[int]] | None = None) -> Grouping:
+              tvm_groups: list[frozenset[int]] | None = None,
+              absorb: Limits | None = None) -> Grouping:
     """Group the memory-intensive ops of ``graph``.
 
     ``excluded`` maps op names to a reason they must fall back (e.g. the scheduler could not
     map their group); such ops are treated like unsupported ones. ``tvm_groups`` are the
     node indices TVM's FuseOps fuses together (``tvm_fusion.resolve``): what FuseOps fuses
-    with a compute op or an op that falls back stays with it on TVM's path.
+    with a compute op or an op that falls back stays with it on TVM's path. ``absorb``, when
+    given, lets compute kernels absorb copies (``graph.operands``) within its limits.
     """
     excluded = excluded or {}
     tvm_groups = tvm_groups or []
     result = Grouping()
     candidates: set[int] = set()
     reasons: dict[int, str] = {}
+    kernels: dict[int, frozenset[int]] = {}
     for node in graph.nodes:
         info = node.info
         if info is None:
@@ -169,6 +178,12 @@ def group_ops(graph: DataflowGraph, excluded: dict[str, str] | None = None,
         else:
             detail = node.info.detail or node.info.kind.value
             result.compute.append(ComputeOp(node.label, detail, labels))
+            if absorb is not None and node.label not in absorb.alone \
+                    and not any(node.index in k for k in kernels.values()):
+                kernels[node.index] = region | {node.index}
+    if kernels:
+        read_only = frozenset(i for i in kernels if graph.nodes[i].label in absorb.read_only)
+        _absorb_copies(result, graph, candidates, kernels, read_only)
     columns = column_space(graph, candidates)
     clusters = {i: _singleton(graph.nodes[i], i in columns) for i in sorted(candidates)}
     quotient = _Quotient(graph)
@@ -189,6 +204,22 @@ def group_ops(graph: DataflowGraph, excluded: dict[str, str] | None = None,
         result.groups.append(OpGroup(graph, members, c.rows,
                                      frozenset(i for i in members if i in columns)))
     return result
+
+
+def _absorb_copies(result: Grouping, graph: DataflowGraph, candidates: set[int],
+                   kernels: dict[int, frozenset[int]], read_only: frozenset[int]) -> None:
+    """Move the copies compute kernels absorb from ``candidates`` into their kernels."""
+    entries = {c.op: i for i, c in enumerate(result.compute)}
+    for op, copies in absorbed_copies(graph, candidates, kernels, read_only).items():
+        moved = set(copies.reads) | set(copies.writes)
+        candidates.difference_update(moved)
+        at = entries[graph.nodes[op].label]
+        entry = replace(result.compute[at],
+                        reads_through=tuple(graph.nodes[i].label for i in copies.reads),
+                        writes_through=tuple(graph.nodes[i].label for i in copies.writes))
+        result.compute[at] = entry
+        result.operands.append((OpGroup(graph, tuple(sorted(kernels[op] | moved)), None),
+                                entry))
 
 
 def _reduces_to_one(node: Node) -> bool:

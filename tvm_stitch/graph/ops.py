@@ -19,6 +19,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 
 from ..symbolic import dim_value, is_symbolic, shape_values
+from .copies import Copy, copy_kind
 
 # TVM's OpPatternKind values, as AnnotateTIROpPattern writes them into "op_pattern".
 ELEMWISE, BROADCAST, INJECTIVE, COMM_REDUCE, OUT_EWISE_FUSABLE, TUPLE, OPAQUE = 0, 1, 2, 3, 4, 7, 8
@@ -57,7 +58,8 @@ class OpInfo:
     writes (a one-to-one dependence). ``rows`` and ``row_length`` are the rows of a row
     reduction and their length, or the rows a column reduction reduces and the columns it
     keeps. ``unsupported`` is non-empty when the op is memory-intensive but cannot be
-    stitched, and says why.
+    stitched, and says why. ``copy`` says what the op does if it only moves elements
+    (``graph.copies``).
     """
 
     kind: OpKind
@@ -70,6 +72,7 @@ class OpInfo:
     input_aligned: tuple[bool, ...] = ()
     detail: str = ""
     unsupported: str = ""
+    copy: Copy | None = None
 
     @property
     def out_size(self) -> int:
@@ -138,7 +141,7 @@ def classify(func: tirx.PrimFunc, num_outputs: int = 1) -> OpInfo:
     if not reductions:
         if pattern in (ELEMWISE, BROADCAST, INJECTIVE):
             kind = (OpKind.ELEMWISE, OpKind.BROADCAST, OpKind.INJECTIVE)[pattern]
-            return OpInfo(kind, **base)
+            return OpInfo(kind, **base, copy=copy_kind(func))
         return OpInfo(OpKind.COMPUTE, **{**base, "detail": "out-fusable op without a reduction"})
     for b in reductions:
         reused = _reused_input(b)

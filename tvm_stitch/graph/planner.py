@@ -13,6 +13,7 @@ from ..plan import ComputeOp, Fallback, Group, Refusal
 from .dataflow import DataflowGraph, dataflow_graphs
 from .dominants import analyse, group_outputs
 from .grouping import OpGroup, group_ops
+from .operands import Limits
 from .tvm_fusion import FusedGroup, resolve, tvm_fusion_groups
 
 
@@ -25,22 +26,24 @@ class Draft:
     fallbacks: list[Fallback] = field(default_factory=list)
     compute: list[ComputeOp] = field(default_factory=list)
     refusals: list[Refusal] = field(default_factory=list)
+    operands: list[tuple[OpGroup, ComputeOp]] = field(default_factory=list)
 
 
 def draft_plan(mod: IRModule, excluded: dict[str, str] | None = None,
-               tvm_groups: list[FusedGroup] | None = None, func_name: str = "main"
-               ) -> Draft:
+               tvm_groups: list[FusedGroup] | None = None, func_name: str = "main",
+               absorb: Limits | None = None) -> Draft:
     """Group the memory-intensive ops of ``mod[func_name]``; ``excluded`` maps op names that
     must fall back to the reason; ``tvm_groups`` are TVM's FuseOps groups of ``mod``
-    (computed when not given)."""
+    (computed when not given); ``absorb`` as for ``group_ops``."""
     if tvm_groups is None:
         tvm_groups = tvm_fusion_groups(mod).groups
     draft = Draft(dataflow_graphs(mod, func_name))
     for graph in draft.graphs:
-        grouping = group_ops(graph, excluded, resolve(graph, tvm_groups))
+        grouping = group_ops(graph, excluded, resolve(graph, tvm_groups), absorb)
         draft.fallbacks.extend(grouping.fallbacks)
         draft.compute.extend(grouping.compute)
         draft.refusals.extend(grouping.refusals)
+        draft.operands.extend(grouping.operands)
         for og in grouping.groups:
             dominants, edges = analyse(og)
             entry = Group(

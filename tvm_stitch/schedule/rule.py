@@ -19,6 +19,7 @@ import logging
 from dataclasses import replace
 
 import tvm
+import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.ir import IRModule
 from tvm.s_tir import dlight as dl
@@ -38,6 +39,24 @@ def default_rules() -> list[dl.ScheduleRule]:
     """dlight's default GPU rules, in the order TVM's CUDA pipeline applies them."""
     return [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
             dl.gpu.Fallback()]
+
+
+def contraction_rules() -> list[dl.ScheduleRule]:
+    """dlight's rules for matmuls and matrix-vector products, the kernels that absorb copies
+    (``graph.operands``)."""
+    return [dl.gpu.Matmul(), dl.gpu.GEMV()]
+
+
+def pads_matmul(func: tirx.PrimFunc) -> bool:
+    """Whether dlight's schedule of ``func`` pads the matmul's axes to whole tiles (it then
+    allocates ``*_reindex_pad*`` buffers)."""
+    padded = []
+
+    def on_block(block: s_tir.stmt.SBlock) -> None:
+        padded.extend(b for b in block.alloc_buffers if "_reindex_pad" in b.name)
+
+    tvm_ffi.structural_walk(func.body, [(s_tir.stmt.SBlock, on_block)])
+    return bool(padded)
 
 
 class NoSchedule(RuntimeError):
@@ -124,7 +143,7 @@ class StitchSchedule:
         kernels: dict[str, Kernel] = {}
         notes: list[str] = []
         for gv, func in mod.functions_items():
-            if not isinstance(func, tirx.PrimFunc) or _is_scheduled(func):
+            if not isinstance(func, tirx.PrimFunc) or is_scheduled(func):
                 continue
             group = _group_of(func, plan)
             if group is not None:
@@ -166,7 +185,8 @@ def _group_of(func: tirx.PrimFunc, plan: StitchPlan) -> Group | None:
     return plan.group(int(func.attrs[GROUP_ATTR]))
 
 
-def _is_scheduled(func: tirx.PrimFunc) -> bool:
+def is_scheduled(func: tirx.PrimFunc) -> bool:
+    """Whether ``func`` is marked scheduled already."""
     return func.attrs is not None and SCHEDULED_ATTR in func.attrs \
         and bool(func.attrs[SCHEDULED_ATTR])
 

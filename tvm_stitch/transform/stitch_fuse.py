@@ -5,7 +5,9 @@
    PrimFunc.
 3. Decide each group's kernel (``tvm_stitch.schedule.decide``), which also checks that the
    schedule can be emitted. A group that cannot be stitched is sent back with its reason:
-   its ops fall back, and steps 1-3 run again without them.
+   its ops fall back, and steps 1-3 run again without them. A compute kernel that absorbs
+   copies (``graph.operands``) is outlined the same way and scheduled by dlight's matmul
+   rules here; when they do not take it, the compute op absorbs nothing in the next round.
 4. Mark the stitched PrimFuncs (``stitch.group``, and opaque for FuseOps), run TVM's FuseOps
    and FuseTIR on what is left, and attach the StitchPlan to the module.
 """
@@ -21,12 +23,14 @@ from tvm import relax, tirx
 from tvm.ir import IRModule
 from tvm.target import Target
 
+from ..graph.operands import Limits
 from ..graph.ops import OPAQUE
 from ..graph.planner import Draft, draft_plan
 from ..graph.tvm_fusion import tvm_fusion_groups
-from ..plan import GROUP_ATTR, Fallback, Group, StitchPlan
+from ..plan import GROUP_ATTR, ComputeOp, Fallback, Group, Refusal, StitchPlan
 from ..schedule.decisions import decide
 from ..schedule.rows import Unstitchable, error_summary
+from ..schedule.rule import contraction_rules, is_scheduled, pads_matmul, schedule_func
 from .outline import outline
 from .yardstick import Yardstick, global_bytes
 
@@ -92,16 +96,24 @@ def _stitch_rounds(mod: IRModule, target: Target | None
     its ops back to TVM with the reason, and the others are grouped again without them."""
     excluded: dict[str, str] = {}
     failed: list[Fallback] = []
+    limits, unscheduled = Limits(), []
     fusion = tvm_fusion_groups(mod)
     yardstick = Yardstick(fusion, target) if target is not None else None
     for _ in range(MAX_ROUNDS):
-        draft = draft_plan(mod, excluded, fusion.groups)
+        draft = draft_plan(mod, excluded, fusion.groups,
+                           absorb=None if target is None else limits)
         fused, names = _fuse_groups(mod, draft)
         groups, failures = _decide_all(fused, draft, names, target, yardstick)
         for ops, reason in failures:
             excluded.update({op.partition(":")[0]: reason for op in ops})
             failed.append(Fallback(ops, reason))
-        if not failures:
+        refused = _schedule_operands(fused, draft, names, target)
+        unscheduled.extend(refusal for _, refusal in refused)
+        limits = Limits(
+            limits.read_only | {e.op for e, _ in refused if e.writes_through},
+            limits.alone | {e.op for e, _ in refused if not e.writes_through})
+        if not failures and not refused:
+            draft.refusals.extend(unscheduled)
             return fused, groups, draft, failed, ()
     draft = Draft(draft.graphs, compute=draft.compute, refusals=draft.refusals)
     return mod, [], draft, failed, (f"gave up stitching after {MAX_ROUNDS} rounds of failing "
@@ -112,27 +124,60 @@ def _tvm_fusion(mod: IRModule) -> IRModule:
     return tvm.transform.Sequential([relax.transform.FuseOps(), relax.transform.FuseTIR()])(mod)
 
 
-def _function_name(group: Group) -> str:
+def _function_name(prefix: str, ops: tuple[str, ...]) -> str:
     callees = []
-    for op in group.ops:
+    for op in ops:
         callee = re.sub(r"[^0-9A-Za-z_]", "_", op.partition(":")[2] or op)
         if callee not in callees:
             callees.append(callee)
-    return f"stitch{group.id}_" + "_".join(callees)[:48]
+    return f"{prefix}_" + "_".join(callees)[:48]
 
 
-def _fuse_groups(mod: IRModule, draft: Draft) -> tuple[IRModule, dict[int, str]]:
-    """``mod`` with every drafted group outlined and fused by FuseTIR; group id -> PrimFunc."""
-    if not draft.groups:
+def _fuse_groups(mod: IRModule, draft: Draft) -> tuple[IRModule, dict[int | str, str]]:
+    """``mod`` with every drafted group and compute kernel that absorbs copies outlined and
+    fused by FuseTIR; group id or compute op -> PrimFunc."""
+    keys: list[int | str] = [g.id for _, g in draft.groups] + [c.op for _, c in draft.operands]
+    requested = [(og, _function_name(f"stitch{g.id}", g.ops)) for og, g in draft.groups] + [
+        (og, _function_name(f"operand{i}", tuple(n.label for n in og.nodes)))
+        for i, (og, _) in enumerate(draft.operands)]
+    if not requested:
         return mod, {}
-    requested = [(og, _function_name(g)) for og, g in draft.groups]
     outlined, actual = outline(mod, draft.graphs, requested)
     fused = relax.transform.FuseTIR()(outlined)
-    return fused, {g.id: actual[name] for (_, g), (_, name) in zip(draft.groups, requested,
-                                                                   strict=True)}
+    return fused, {key: actual[name] for key, (_, name) in zip(keys, requested, strict=True)}
 
 
-def _decide_all(fused: IRModule, draft: Draft, names: dict[int, str], target: Target | None,
+def _schedule_operands(fused: IRModule, draft: Draft, names: dict[int | str, str],
+                       target: Target | None) -> list[tuple[ComputeOp, Refusal]]:
+    """Schedule, in ``fused``, every compute kernel that absorbs copies with dlight's matmul
+    rules, marked opaque so that FuseOps leaves it whole; the kernels they do not take, with
+    why. Identical layers share one outlined function, scheduled once."""
+    refused = []
+    for _, entry in draft.operands:
+        gv = fused.get_global_var(names[entry.op])
+        func = fused[gv]
+        if is_scheduled(func):
+            continue
+        why = "dlight's matmul rules do not schedule the compute kernel with these copies"
+        scheduled = None
+        if isinstance(func, tirx.PrimFunc) and target is not None:
+            with target:
+                scheduled = schedule_func(func, target, contraction_rules())
+        if scheduled is not None and entry.writes_through and pads_matmul(scheduled):
+            # TVM 0.27's dlight Matmul guards the stores of a padded tile by the index the
+            # epilogue's reshape merged, not by the padded axis: padding overwrites results
+            why, scheduled = ("dlight pads the matmul, and guards padded stores written "
+                              "through a copy by the wrong index (TVM 0.27)"), None
+        if scheduled is None:
+            refused.append((entry, Refusal(entry.op, "{" + ", ".join(entry.absorbed) + "}",
+                                           why)))
+            continue
+        fused[gv] = scheduled.with_attr("op_pattern", OPAQUE)
+    return refused
+
+
+def _decide_all(fused: IRModule, draft: Draft, names: dict[int | str, str],
+                target: Target | None,
                 yardstick: Yardstick | None
                 ) -> tuple[list[Group], list[tuple[tuple[str, ...], str]]]:
     groups, failures = [], []
