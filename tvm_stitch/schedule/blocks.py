@@ -137,15 +137,18 @@ def add_unit_loops(sch: s_tir.Schedule) -> None:
 
 
 def cache_reused_outputs(sch: s_tir.Schedule, func: tirx.PrimFunc, scope: str,
-                         writers: set[str] | None = None) -> list[str]:
+                         writers: set[str] | None = None,
+                         outputs: set[str] | None = None) -> list[str]:
     """Give every output that is also read inside the kernel an on-chip copy (``scope``) that
     the readers use, so the block computing it stops being an output block; returns their
     names. With ``writers``, only outputs written by those blocks (the others are read back
-    from global memory)."""
+    from global memory); with ``outputs``, only those (emission: the plan's)."""
     names = []
     for param in written_params(func, sch):
         block, index = writer(sch, param.name)
         if writers is not None and name_of(sch, block) not in writers:
+            continue
+        if outputs is not None and param.name not in outputs:
             continue
         users = readers(sch, param, exclude=block)
         if users:

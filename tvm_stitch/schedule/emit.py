@@ -109,7 +109,7 @@ def emit(func: tirx.PrimFunc, group: Group) -> s_tir.Schedule:
     add_unit_loops(sch)
     if group.phases:
         return _emit_global(sch, func, group)
-    cache_reused_outputs(sch, func, on_chip_scope(group.mapping))
+    _cache_planned_outputs(sch, func, group, on_chip_scope(group.mapping))
     block_caches = _apply_storage(sch, func, group)
     if group.mapping.kind is MappingKind.FLAT:
         _map_flat(sch, group.mapping)
@@ -119,6 +119,14 @@ def emit(func: tirx.PrimFunc, group: Group) -> s_tir.Schedule:
             _index_rows_in_block(sch, group.mapping.rows_per_block)
         sch = hold_inputs(sch, group)
     return sch
+
+
+def _cache_planned_outputs(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group,
+                           scope: str) -> None:
+    """The on-chip copies of the outputs the plan says are read inside the kernel."""
+    planned = {b.name for b in group.buffers if b.role == "output"}
+    cached = cache_reused_outputs(sch, func, scope, outputs=planned)
+    assert set(cached) == planned, (cached, planned)
 
 
 def _apply_storage(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group) -> list[str]:
@@ -442,8 +450,7 @@ def _emit_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group) -> s_ti
     columns = [n for p in group.phases for n in p.partials]
     for name in columns:
         normalise_column(sch, sch.get_sblock(name))
-    rows_phases = [set(p.blocks) - set(columns) for p in group.phases if p.kind == "rows"]
-    cache_reused_outputs(sch, func, SHARED, writers=set().union(*rows_phases))
+    _cache_planned_outputs(sch, func, group, SHARED)
     block_caches = _apply_storage(sch, func, group)
     sch = combine_per_reader(sch, func)
     sums = {b.block: b for b in group.buffers if b.role == "accumulator"}

@@ -1,0 +1,48 @@
+"""A Global group whose output is also read inside the kernel, by a block the plan inlines.
+
+Fuzz graph 4242:55: Where -> Neg -> LogSoftmax over axis 0 of (7, 4097) (a column reduction),
+the Where also an output (read by a MatMul). The plan gave the Where's output an on-chip copy
+and inlined the Where, but emission chose the outputs to copy from the blocks of the row
+phases, where the inlined Where no longer is: "The block ... is an output block", and the
+group fell back. Emission now copies the outputs the plan lists."""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+from tvm_stitch import verify
+from tvm_stitch.plan import StitchPlan
+from tvm_stitch.testing.differential import check_model
+
+
+def _model():
+    shape = [7, 4097]
+    consts = [numpy_helper.from_array(np.array(0.5, np.float32), "half"),
+              numpy_helper.from_array(np.ones((4097, 1), np.float32), "w")]
+    nodes = [helper.make_node("Equal", ["a", "half"], ["eq"]),
+             helper.make_node("Where", ["eq", "a", "b"], ["sel"]),
+             helper.make_node("Neg", ["sel"], ["neg"]),
+             helper.make_node("LogSoftmax", ["neg"], ["y"], axis=0),
+             helper.make_node("MatMul", ["sel", "w"], ["m"]),
+             helper.make_node("Abs", ["neg"], ["z"]),
+             helper.make_node("Add", ["z", "half"], ["za"]),
+             helper.make_node("Reciprocal", ["za"], ["r"])]
+    graph = helper.make_graph(
+        nodes, "global_reused_output",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in "ab"],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape),
+         helper.make_tensor_value_info("m", TensorProto.FLOAT, [7, 1]),
+         *(helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in ("z", "za", "r"))],
+        consts)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_global_group_copies_the_outputs_its_plan_lists() -> None:
+    model = _model()
+    plan = StitchPlan.of_module(verify.compile_model(model, "stitch"))
+    assert not plan.fallbacks, plan.fallbacks
+    (group,) = plan.groups
+    assert group.phases and any(b.role == "output" for b in group.buffers), group
+    outcome = check_model(model, "stitch")
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
