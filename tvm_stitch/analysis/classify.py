@@ -9,11 +9,15 @@ before and after dlight schedules them (through cache stages and rfactor). Not c
 squaring one value (``x[i] * x[i]`` in a sum of squares), products of computed values (a
 variance's ``(x - m) * (x - m)``), and products of two tensors at the same element
 (``dgamma[j] += dy[i, j] * xhat[i, j]`` in a stitched LayerNorm backward), whose every loaded
-element is used once. Only blocks are inspected, so a hand-written PrimFunc without blocks
-counts as memory-intensive.
+element is used once. A matmul tensorized for tensor cores (dlight's float16 Matmul) keeps
+no such update: a block that calls a matrix multiply-accumulate intrinsic (``tvm_mma_sync``,
+PTX ``mma``/``wgmma``/``tcgen05`` MMAs) is a contraction too. Only blocks are inspected, so a
+hand-written PrimFunc without blocks counts as memory-intensive.
 """
 
 from __future__ import annotations
+
+import re
 
 import tvm
 import tvm_ffi
@@ -65,9 +69,27 @@ def _is_accumulated_product(store: tirx.BufferStore, spatial: list[tirx.Var]) ->
     return False
 
 
+_MMA = re.compile(r"tirx\.(tvm_b?mma_sync"
+                  r"|ptx(_legacy)?\.(mma|wgmma_(?!fence|commit|wait)|tcgen05_mma))")
+"""Matrix multiply-accumulate intrinsics: the update of a tensorized matmul."""
+
+
+def _calls_mma(block: s_tir.SBlock) -> bool:
+    found = []
+
+    def on_call(call: tvm.ir.Call) -> None:
+        if isinstance(call.op, tvm.ir.Op) and _MMA.match(call.op.name):
+            found.append(call.op.name)
+
+    tvm_ffi.structural_walk(block.body, [(tvm.ir.Call, on_call)])
+    return bool(found)
+
+
 def is_contraction_block(block: s_tir.SBlock) -> bool:
     """True for a reduction block whose update multiplies two loaded tensors, one of them
-    reused across a spatial iterator of the block."""
+    reused across a spatial iterator of the block, or calls a tensor-core MMA."""
+    if _calls_mma(block):
+        return True
     if not any(int(iv.iter_type) == tirx.IterVar.CommReduce for iv in block.iter_vars):
         return False
     spatial = [iv.var for iv in block.iter_vars
