@@ -1,4 +1,5 @@
-"""UnitReduction: a reduction whose reduced axes all have extent 1 becomes a reshape.
+"""UnitReduction: a reduction whose reduced axes all have extent 1 becomes a reshape, and one
+that reduces unit axes among others reduces the others only.
 
 Summing, averaging, or taking the maximum, minimum or product over axes of one element
 returns each element unchanged: the result is the input with those axes dropped (or kept
@@ -8,7 +9,10 @@ and the element-wise ops after it, but dlight's default schedule inlines that ep
 the reduction block, whose unit reduction loop is gone, so it is applied to the accumulator
 itself, in the init and again in the update (``pow(|acc + x| + 0.5, 2)`` after
 ``acc = pow(|0| + 0.5, 2)``: wrong numbers). A reshape has no reduction kernel to get wrong,
-and stitches with its neighbours as an injective op (or becomes a view).
+and stitches with its neighbours as an injective op (or becomes a view). A reduction over a
+unit axis and longer ones (ReduceMin over both axes of a (1, 1024) tensor) reduces the longer
+ones and reshapes: its unit reduction iterator would sit among the rows of its block, which
+the stitch schedule cannot map ("does not iterate over the 1 rows first").
 """
 
 from __future__ import annotations
@@ -39,30 +43,46 @@ def reduced_axes(call: relax.Call) -> list[int] | None:
 def is_unit_reduction(call: relax.Call) -> bool:
     """Whether ``call`` is a reduction of ``UNIT_REDUCIBLE`` whose reduced axes all have the
     static extent 1 and whose result shape is known."""
+    unit = unit_axes(call)
+    return bool(unit) and len(unit) == len(reduced_axes(call))
+
+
+def unit_axes(call: relax.Call) -> list[int]:
+    """The axes of static extent 1 among those ``call`` (a reduction of ``UNIT_REDUCIBLE``
+    with known shapes) reduces."""
     if not (isinstance(call.op, tvm.ir.Op) and any(call.op.same_as(op)
                                                    for op in UNIT_REDUCIBLE)):
-        return False
+        return []
     data, out = call.args[0].ty, call.ty
     if not (isinstance(data, relax.TensorType) and isinstance(out, relax.TensorType)) \
             or data.shape is None or out.shape is None:
-        return False
-    axes = reduced_axes(call)
+        return []
     dims = list(data.shape)
-    return axes is not None and all(
-        isinstance(dims[a], tirx.IntImm) and int(dims[a]) == 1 for a in axes)
+    return [a for a in reduced_axes(call) or []
+            if isinstance(dims[a], tirx.IntImm) and int(dims[a]) == 1]
+
+
+_REDUCE = {"relax.sum": relax.op.sum, "relax.mean": relax.op.mean, "relax.max": relax.op.max,
+           "relax.min": relax.op.min, "relax.prod": relax.op.prod}
 
 
 @relax.expr_functor.mutator
 class _UnitReduction(relax.PyExprMutator):
     """Rewrites a reduction over axes of extent 1 into a reshape of its input (or the input
-    itself when the shape stays)."""
+    itself when the shape stays), and one over unit and longer axes into a reduction over the
+    longer ones and a reshape."""
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         """The reshape for a unit reduction; other calls unchanged."""
         call = super().visit_call_(call)
-        if not is_unit_reduction(call):
+        unit = unit_axes(call)
+        if not unit:
             return call
         data = call.args[0]
+        rest = [a for a in reduced_axes(call) if a not in unit]
+        if rest:
+            data = self.builder_.emit(_REDUCE[call.op.name](data, axis=rest, keepdims=True),
+                                      name_hint="reduced")
         if tvm_ffi.structural_equal(data.ty.shape, call.ty.shape):
             return data
         return relax.op.reshape(data, call.ty.shape)
@@ -78,4 +98,4 @@ class UnitReduction:
         return rewrite_functions(_UnitReduction(mod), mod)
 
 
-__all__ = ["UNIT_REDUCIBLE", "UnitReduction", "is_unit_reduction", "reduced_axes"]
+__all__ = ["UNIT_REDUCIBLE", "UnitReduction", "is_unit_reduction", "reduced_axes", "unit_axes"]
