@@ -9,10 +9,13 @@ written to ``--out``, shrunk to a minimal graph and (``--regressions``) saved as
 cases. The last line printed is::
 
     graphs=N mismatches=M crashes=C fallbacks=F tvm_crashes=T resource_violations=R
+    tvm_resource_violations=V genuine_fallbacks=G
 
 ``crashes`` counts crashes of ours; ``tvm_crashes`` the crashes raised in TVM's code while
 importing or compiling that the baseline flow meets too (``tvm_stitch.testing.differential``),
-each printed with its error; ``fallbacks`` the graphs whose stitch plan left a region to TVM.
+each printed with its error; ``fallbacks`` the graphs whose stitch plan left a region to TVM,
+``genuine_fallbacks`` those among them that left one for a reason other than "nothing to
+stitch" (a single op, reshapes TVM makes views).
 Exit status 1 when M, C or R is non-zero.
 """
 

@@ -25,7 +25,8 @@ from tvm_stitch.testing.graphs import LARGE_SHAPES, GraphConfig, graph_from_seed
 
 SCRIPT = Path(__file__).parents[2] / "scripts" / "fuzz.py"
 SUMMARY = re.compile(r"^graphs=(\d+) mismatches=(\d+) crashes=(\d+) fallbacks=(\d+) "
-                     r"tvm_crashes=\d+ resource_violations=\d+ tvm_resource_violations=\d+$")
+                     r"tvm_crashes=\d+ resource_violations=\d+ tvm_resource_violations=\d+ "
+                     r"genuine_fallbacks=\d+$")
 CI_SEED = 2024
 CI_GRAPHS = 40
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from ..plan import ComputeOp, Fallback, Refusal
+from .copies import Copy
 from .dataflow import DataflowGraph, Node
 from .operands import Limits, absorbed_copies
 from .ops import OpKind
@@ -192,11 +193,19 @@ def group_ops(graph: DataflowGraph, excluded: dict[str, str] | None = None,
     for key in sorted(clusters, key=lambda k: clusters[k].first):
         c = clusters[key]
         members = tuple(i for i in range(len(graph.nodes)) if c.members >> i & 1)
+        if len(members) > 1:
+            members, views = _without_duplicate_views(graph, members)
+            result.fallbacks.extend(Fallback((graph.nodes[v].label,), DUPLICATE_VIEW)
+                                    for v in views)
         nodes = [graph.nodes[i] for i in members]
+        if not nodes:
+            continue
         if len(nodes) == 1 and nodes[0].info.kind not in (OpKind.ROW_REDUCE,
                                                           OpKind.COLUMN_REDUCE):
-            result.fallbacks.append(Fallback((nodes[0].label,),
-                                             "a single injective op: nothing to stitch"))
+            result.fallbacks.append(Fallback((nodes[0].label,), SINGLE_OP))
+            continue
+        if all(n.info.copy is Copy.VIEW for n in nodes):
+            result.fallbacks.append(Fallback(tuple(n.label for n in nodes), VIEWS_ONLY))
             continue
         if c.rows is None and c.whole is not None:  # reductions to one value, on their own
             result.groups.append(OpGroup(graph, members, 1))
@@ -204,6 +213,41 @@ def group_ops(graph: DataflowGraph, excluded: dict[str, str] | None = None,
         result.groups.append(OpGroup(graph, members, c.rows,
                                      frozenset(i for i in members if i in columns)))
     return result
+
+
+SINGLE_OP = "a single injective op: nothing to stitch"
+VIEWS_ONLY = "reshapes only: TVM makes them views, nothing to stitch"
+DUPLICATE_VIEW = ("a reshape of a group's input or other output: a view of it, nothing to "
+                  "stitch")
+NOTHING_TO_STITCH = (SINGLE_OP, VIEWS_ONLY, DUPLICATE_VIEW)
+"""Reasons that leave ops to TVM because stitching them would save nothing."""
+
+
+def _without_duplicate_views(graph: DataflowGraph, members: tuple[int, ...]
+                             ) -> tuple[tuple[int, ...], list[int]]:
+    """``members`` without the reshapes that pass out of the group a view of a value that is
+    in global memory anyway: of a group input, or of a value the group passes out itself.
+    Written by the group, the reshape's result would be a second copy of it, where TVM makes
+    it a view (no kernel, no bytes). A reshape of a group input may have readers inside the
+    group (they read the view); one of a value the group computes may not (they would read
+    what the kernel writes). Returns the rest and those."""
+    inside = set(members)
+    dropped = []
+    for i in members:
+        node = graph.nodes[i]
+        leaves = node.escapes or any(c not in inside for c in node.consumers)
+        if node.info.copy is not Copy.VIEW or not leaves or len(set(node.producers)) > 1:
+            continue
+        sources = set(node.producers) & inside
+        if sources:
+            producer = graph.nodes[sources.pop()]
+            if any(c in inside for c in node.consumers) or not (
+                    producer.escapes
+                    or any(c not in inside and c != i for c in producer.consumers)):
+                continue
+        inside.discard(i)
+        dropped.append(i)
+    return tuple(i for i in members if i in inside), dropped
 
 
 def _absorb_copies(result: Grouping, graph: DataflowGraph, candidates: set[int],

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from ..graph.grouping import NOTHING_TO_STITCH
 from .choices import ReplayChooser, shrink
 from .differential import Outcome, check_model, normalised
 from .graphs import GraphConfig, describe, graph_from_seed, random_graph
@@ -68,6 +69,7 @@ class Summary:
     mismatches: int = 0
     crashes: int = 0
     fallbacks: int = 0
+    genuine_fallbacks: int = 0  # graphs that leave ops to TVM for a reason that costs
     tvm_crashes: int = 0
     resource_violations: int = 0
     tvm_resource_violations: int = 0
@@ -85,8 +87,9 @@ class Summary:
             self.tvm_errors[f"{outcome['stage']}, {outcome['raised_at']}: "
                             f"{_normalise(outcome['error'])}"] += 1
         self.fallbacks += bool(outcome["fallbacks"])
-        self.fallback_reasons.update({_normalise(f.split(": ", 1)[-1])
-                                      for f in outcome["fallbacks"]})
+        reasons = {f.split(": ", 1)[-1] for f in outcome["fallbacks"]}
+        self.genuine_fallbacks += bool(reasons - set(NOTHING_TO_STITCH))
+        self.fallback_reasons.update({_normalise(r) for r in reasons})
         self.resource_violations += bool(outcome["violations"])
         self.tvm_resource_violations += bool(outcome["tvm_violations"])
 
@@ -100,7 +103,8 @@ class Summary:
         return (f"graphs={self.graphs} mismatches={self.mismatches} crashes={self.crashes} "
                 f"fallbacks={self.fallbacks} tvm_crashes={self.tvm_crashes} "
                 f"resource_violations={self.resource_violations} "
-                f"tvm_resource_violations={self.tvm_resource_violations}")
+                f"tvm_resource_violations={self.tvm_resource_violations} "
+                f"genuine_fallbacks={self.genuine_fallbacks}")
 
 
 # Checking in a worker process ----------------------------------------------------------------

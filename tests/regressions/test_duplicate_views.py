@@ -1,0 +1,73 @@
+"""Reshapes that TVM makes views are not written by a stitched kernel (fuzz graphs 4242:8 and
+4242:20): a group of reshapes only, or a reshape passing out of its group a value the group
+passes out anyway, wrote a second copy of it, and the yardstick sent the whole group back to
+TVM ("the stitched kernel moves 94488 B ..., TVM's fusion of the same ops 47244 B")."""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+from tvm_stitch import verify
+from tvm_stitch.analysis import analyze
+from tvm_stitch.graph.grouping import DUPLICATE_VIEW, NOTHING_TO_STITCH
+from tvm_stitch.plan import StitchPlan
+from tvm_stitch.testing.differential import check_model
+
+
+def _model(nodes, inputs: dict, outputs: dict, consts: dict):
+    graph = helper.make_graph(
+        nodes, "views",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs.items()],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in outputs.items()],
+        [numpy_helper.from_array(v, n) for n, v in consts.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _bytes(model, flow: str) -> int:
+    return sum(k.traffic.global_bytes for k in analyze(verify.compile_model(model, flow)).kernels)
+
+
+def test_a_reshape_of_a_group_output_is_a_view_not_a_second_output() -> None:
+    nodes = [helper.make_node("GreaterOrEqual", ["x", "c"], ["ge"]),
+             helper.make_node("Where", ["ge", "x", "d"], ["w"]),
+             helper.make_node("Reshape", ["w", "shape"], ["r"]),
+             helper.make_node("ReduceMax", ["w"], ["m"], keepdims=1)]
+    model = _model(nodes, {"x": [31, 127]}, {"r": [31, 1, 127], "m": [1, 1]},
+                   {"c": np.array(0.1, np.float32), "d": np.array(-0.5, np.float32),
+                    "shape": np.array([31, 1, 127], np.int64)})
+    plan = StitchPlan.of_module(verify.compile_model(model, "stitch"))
+    assert [f.reason for f in plan.fallbacks] == [DUPLICATE_VIEW], plan.fallbacks
+    assert any("where" in op for g in plan.groups for op in g.ops), plan
+    assert _bytes(model, "stitch") <= _bytes(model, "baseline")
+    outcome = check_model(model, "stitch")
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+
+
+def test_identity_transposes_alone_are_left_to_tvm_as_views() -> None:
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[0, 1]),
+             helper.make_node("Transpose", ["t"], ["u"], perm=[0, 1])]
+    model = _model(nodes, {"x": [2, 100]}, {"t": [2, 100], "u": [2, 100]}, {})
+    plan = StitchPlan.of_module(verify.compile_model(model, "stitch"))
+    assert not plan.groups and plan.fallbacks
+    assert all(f.reason in NOTHING_TO_STITCH for f in plan.fallbacks), plan.fallbacks
+    outcome = check_model(model, "stitch")
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+
+
+def test_a_reshape_of_a_group_input_passed_out_is_a_view() -> None:
+    # fuzz graph 4242:30: the group wrote the reshaped input out as well as its result
+    nodes = [helper.make_node("Reshape", ["x", "s1"], ["r"]),
+             helper.make_node("Reshape", ["r", "s2"], ["r2"]),
+             helper.make_node("Abs", ["b"], ["a"]),
+             helper.make_node("Add", ["a", "half"], ["h"]),
+             helper.make_node("Div", ["r2", "h"], ["y"])]
+    model = _model(nodes, {"x": [7, 31], "b": [31]}, {"r": [1, 7, 31], "y": [1, 7, 1, 31]},
+                   {"s1": np.array([1, 7, 31], np.int64),
+                    "s2": np.array([1, 7, 1, 31], np.int64), "half": np.array(0.5, np.float32)})
+    plan = StitchPlan.of_module(verify.compile_model(model, "stitch"))
+    assert [f.reason for f in plan.fallbacks] == [DUPLICATE_VIEW], plan.fallbacks
+    assert len(plan.groups) == 1
+    assert _bytes(model, "stitch") <= _bytes(model, "baseline")
+    outcome = check_model(model, "stitch")
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
