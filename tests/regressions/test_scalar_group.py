@@ -1,0 +1,34 @@
+"""A group of 0-d values runs on one thread (fuzz graph 4242:60): on a block of 32 threads
+every thread computed the scalar producers again, unguarded, and loaded their inputs, so the
+kernel counted 144 B against TVM's 32 B and fell back."""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+from tvm_stitch import verify
+from tvm_stitch.analysis import analyze
+from tvm_stitch.plan import StitchPlan
+from tvm_stitch.testing.differential import check_model
+
+
+def test_scalar_ops_stitch_on_one_thread() -> None:
+    nodes = [helper.make_node("Abs", ["x"], ["a"]),
+             helper.make_node("Add", ["a", "half"], ["b"]),
+             helper.make_node("Pow", ["b", "p"], ["y"]),
+             helper.make_node("Abs", ["y"], ["z"])]
+    graph = helper.make_graph(
+        nodes, "scalars", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, []) for n in ("a", "y", "z")],
+        [numpy_helper.from_array(np.array(0.5, np.float32), "half"),
+         numpy_helper.from_array(np.array(-1.0, np.float32), "p")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    scheduled = verify.compile_model(model, "stitch")
+    plan = StitchPlan.of_module(scheduled)
+    (group,) = plan.groups
+    assert not plan.fallbacks and group.mapping.threads_per_block == 1, plan
+    stitched = sum(k.traffic.global_bytes for k in analyze(scheduled).kernels)
+    assert stitched == 16  # the input read once, three outputs written once
+    outcome = check_model(model, "stitch")
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
