@@ -6,22 +6,14 @@ TVM ("the stitched kernel moves 94488 B ..., TVM's fusion of the same ops 47244 
 from __future__ import annotations
 
 import numpy as np
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
+from regression_models import model as _model
 
 from tvm_stitch import verify
 from tvm_stitch.analysis import analyze
 from tvm_stitch.graph.grouping import DUPLICATE_VIEW, NOTHING_TO_STITCH
 from tvm_stitch.plan import StitchPlan
 from tvm_stitch.testing.differential import check_model
-
-
-def _model(nodes, inputs: dict, outputs: dict, consts: dict):
-    graph = helper.make_graph(
-        nodes, "views",
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs.items()],
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in outputs.items()],
-        [numpy_helper.from_array(v, n) for n, v in consts.items()])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
 def _bytes(model, flow: str) -> int:

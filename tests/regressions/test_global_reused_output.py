@@ -9,7 +9,8 @@ group fell back. Emission now copies the outputs the plan lists."""
 from __future__ import annotations
 
 import numpy as np
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
+from regression_models import model
 
 from tvm_stitch import verify
 from tvm_stitch.plan import StitchPlan
@@ -18,8 +19,6 @@ from tvm_stitch.testing.differential import check_model
 
 def _model():
     shape = [7, 4097]
-    consts = [numpy_helper.from_array(np.array(0.5, np.float32), "half"),
-              numpy_helper.from_array(np.ones((4097, 1), np.float32), "w")]
     nodes = [helper.make_node("Equal", ["a", "half"], ["eq"]),
              helper.make_node("Where", ["eq", "a", "b"], ["sel"]),
              helper.make_node("Neg", ["sel"], ["neg"]),
@@ -28,14 +27,9 @@ def _model():
              helper.make_node("Abs", ["neg"], ["z"]),
              helper.make_node("Add", ["z", "half"], ["za"]),
              helper.make_node("Reciprocal", ["za"], ["r"])]
-    graph = helper.make_graph(
-        nodes, "global_reused_output",
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in "ab"],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape),
-         helper.make_tensor_value_info("m", TensorProto.FLOAT, [7, 1]),
-         *(helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in ("z", "za", "r"))],
-        consts)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return model(nodes, {"a": shape, "b": shape},
+                 {"y": shape, "m": [7, 1], "z": shape, "za": shape, "r": shape},
+                 {"half": np.array(0.5, np.float32), "w": np.ones((4097, 1), np.float32)})
 
 
 def test_a_global_group_copies_the_outputs_its_plan_lists() -> None:

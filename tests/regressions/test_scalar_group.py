@@ -5,7 +5,8 @@ kernel counted 144 B against TVM's 32 B and fell back."""
 from __future__ import annotations
 
 import numpy as np
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
+from regression_models import model as onnx_model
 
 from tvm_stitch import verify
 from tvm_stitch.analysis import analyze
@@ -18,12 +19,8 @@ def test_scalar_ops_stitch_on_one_thread() -> None:
              helper.make_node("Add", ["a", "half"], ["b"]),
              helper.make_node("Pow", ["b", "p"], ["y"]),
              helper.make_node("Abs", ["y"], ["z"])]
-    graph = helper.make_graph(
-        nodes, "scalars", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [])],
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, []) for n in ("a", "y", "z")],
-        [numpy_helper.from_array(np.array(0.5, np.float32), "half"),
-         numpy_helper.from_array(np.array(-1.0, np.float32), "p")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = onnx_model(nodes, {"x": []}, {"a": [], "y": [], "z": []},
+                       {"half": np.array(0.5, np.float32), "p": np.array(-1.0, np.float32)})
     scheduled = verify.compile_model(model, "stitch")
     plan = StitchPlan.of_module(scheduled)
     (group,) = plan.groups
