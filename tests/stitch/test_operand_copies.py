@@ -46,14 +46,15 @@ def test_copies_are_told_apart_by_what_they_do_to_the_innermost_axis(op, kind) -
     assert copy_kind(_legalized(op)) == kind
 
 
-def _const(name: str, value: np.ndarray) -> onnx.TensorProto:
-    return numpy_helper.from_array(value.astype(np.float32), name)
-
-
-def attention(batch: int, seq: int, heads: int, dim: int) -> onnx.ModelProto:
+def attention(batch: int, seq: int, heads: int, dim: int, dtype=np.float32) -> onnx.ModelProto:
     """Multi-head self-attention as exported from PyTorch: projections with bias, heads split
     by Reshape + Transpose, keys transposed for the scores, heads merged back."""
+
+    def _const(name: str, value: np.ndarray) -> onnx.TensorProto:
+        return numpy_helper.from_array(value.astype(dtype), name)
+
     hidden = heads * dim
+    elem = TensorProto.FLOAT16 if dtype == np.float16 else TensorProto.FLOAT
     consts = [_const(f"w{n}", RNG.standard_normal((hidden, hidden)) / np.sqrt(hidden))
               for n in "qkvo"]
     consts += [_const(f"b{n}", RNG.standard_normal(hidden) * 0.1) for n in "qkvo"]
@@ -76,8 +77,8 @@ def attention(batch: int, seq: int, heads: int, dim: int) -> onnx.ModelProto:
               helper.make_node("Add", ["om", "bo"], ["y"])]
     graph = helper.make_graph(
         nodes, "attention",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, seq, hidden])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, seq, hidden])], consts)
+        [helper.make_tensor_value_info("x", elem, [batch, seq, hidden])],
+        [helper.make_tensor_value_info("y", elem, [batch, seq, hidden])], consts)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -119,4 +120,19 @@ def test_a_padded_matmul_reads_through_copies_but_writes_through_none() -> None:
     stitch, baseline = _mem_kernels(model, "stitch"), _mem_kernels(model, "baseline")
     assert stitch[0] <= baseline[0] and stitch[1] < baseline[1] and stitch[2] <= baseline[2]
     outcome = check_model(model, "stitch")
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+
+
+@pytest.mark.slow  # tensor-core matmuls on the SIMT runner: about 3 min on 2 cores
+def test_tensor_core_matmuls_read_and_write_through_copies() -> None:
+    # float16 with every extent above 64: dlight tensorizes each matmul (wmma fragments),
+    # reading its operands and writing its result through the absorbed copies
+    model = attention(batch=1, seq=128, heads=2, dim=128, dtype=np.float16)
+    scheduled = verify.compile_model(model, "stitch", "cuda:sm_90")
+    plan = StitchPlan.of_module(scheduled)
+    assert sum(1 for c in plan.compute if c.absorbed) == 4, plan
+    tensorized = [gv.name_hint for gv, f in scheduled.functions_items()
+                  if isinstance(f, tvm.tirx.PrimFunc) and "tvm_mma_sync" in f.script()]
+    assert len(tensorized) >= 4, tensorized
+    outcome = check_model(model, "stitch", "cuda:sm_90")
     assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
