@@ -919,12 +919,13 @@ def _widest_element(sch: s_tir.Schedule, func: tirx.PrimFunc) -> int:
 
 def _shared_bytes(dec: _Decisions, mapping: ThreadMapping) -> int:
     """Shared memory of the staged buffers and the reductions' scratch, each array aligned as
-    TVM declares it."""
+    TVM declares it: a cross-thread reduction stages one value per warp (``red_buf_staging``)
+    and broadcasts its result (``red_result``)."""
     rpb = mapping.rows_per_block
     data = sum(aligned_shared(s.bytes_for(rpb)) for s in dec.regional + dec.staged)
     data += sum(aligned_shared(b.size) for b in dec.block_shared)
     warps = -(-mapping.threads_per_block // WARP_SIZE)
-    return data + dec.reductions * aligned_shared(warps * 4)
+    return data + dec.reductions * (aligned_shared(warps * 4) + aligned_shared(4))
 
 
 def _fit_budget(sch: s_tir.Schedule, dec: _Decisions, mapping: ThreadMapping,
