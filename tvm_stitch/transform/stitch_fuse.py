@@ -7,7 +7,8 @@
    schedule can be emitted. A group that cannot be stitched is sent back with its reason:
    its ops fall back, and steps 1-3 run again without them. A compute kernel that absorbs
    copies (``graph.operands``) is outlined the same way and scheduled by dlight's matmul
-   rules here; when they do not take it, the compute op absorbs nothing in the next round.
+   rules here; when they do not take it, the next round lets it only read through copies (if
+   it wrote through some) or absorb none, with the reason among the plan's refusals.
 4. Mark the stitched PrimFuncs (``stitch.group``, and opaque for FuseOps), run TVM's FuseOps
    and FuseTIR on what is left, and attach the StitchPlan to the module.
 """
