@@ -1,11 +1,12 @@
 """Global stitching (a persistent kernel with a grid barrier between its phases) on the SIMT
-runner. ONNX ``Max``/``Min`` with a constant are imported as stack + a reduction over the
-stacked axis, which the stitch flow schedules as a two-phase kernel (row partials, grid barrier,
-columns). ``Max(x, 1.5) -> Relu`` on (16, 768) gave intermittent garbage when one module ran
-repeatedly (fuzz seed 3, graph 112; fixed since, kept as a guard); ``Min(x, row) ->
-Transpose`` on (4, 8) did too (fuzz seed 5, graph 163; fixed since); those tests run one
-module ``RUNS`` times. A third kernel did not build on PoCL at all (fuzz seed 5, graph 243;
-fixed since).
+runner. ONNX ``Max``/``Min`` with a constant were imported as stack + a reduction over the
+stacked axis, which the stitch flow scheduled as a two-phase kernel (row partials, grid barrier,
+columns); it now folds them element-wise (transform/stack_reduction.py), so these tests make
+the stacked reduction themselves. ``Max(x, 1.5) -> Relu`` on (16, 768) gave intermittent
+garbage when one module ran repeatedly (fuzz seed 3, graph 112; fixed since, kept as a
+guard); ``Min(x, row) -> Transpose`` on (4, 8) did too (fuzz seed 5, graph 163; fixed since);
+those tests run one module ``RUNS`` times. A third kernel did not build on PoCL at all (fuzz
+seed 5, graph 243; fixed since).
 Owner: schedule/ (grid barrier, persistent kernels) with simt/ (concurrent blocks)."""
 
 from __future__ import annotations
@@ -24,14 +25,22 @@ pytestmark = needs_stitch
 RUNS = 20
 
 
+def _stacked(op: str, rows: int, shape: list[int]) -> list:
+    return [helper.make_node(op, ["s", "axes"], ["m"], keepdims=0)], {"s": [rows, *shape]}
+
+
+AXES = {"axes": np.array([0], np.int64)}
+
+
 def test_repeated_runs_of_a_global_stitched_kernel_agree() -> None:
-    nodes = [helper.make_node("Max", ["x", "c"], ["m"]), helper.make_node("Relu", ["m"], ["y"])]
-    built = model(nodes, {"x": [16, 768]}, {"y": [16, 768]},
-                  {"c": np.array(1.5, np.float32)})
+    nodes, inputs = _stacked("ReduceMax", 2, [16, 768])
+    built = model([*nodes, helper.make_node("Relu", ["m"], ["y"])], inputs, {"y": [16, 768]},
+                  AXES)
     simt = SimtModule(verify.compile_model(built, "stitch"))
     x = np.random.default_rng(0).standard_normal((16, 768)).astype(np.float32)
+    stacked = np.stack([x, np.full_like(x, 1.5)])
     expected = np.maximum(x, 1.5)
-    wrong = sum(not np.allclose(simt(x)[0], expected) for _ in range(RUNS))
+    wrong = sum(not np.allclose(simt(stacked)[0], expected) for _ in range(RUNS))
     assert wrong == 0, f"{wrong} of {RUNS} runs wrong"
 
 
@@ -41,14 +50,15 @@ def test_column_phase_feeding_a_transpose_is_right() -> None:
     (graph 163), shrunk; most runs of one module were wrong: the transpose ran in the column
     phase of the min and read columns that other threads combined there, with no barrier
     between. It now runs in a column phase of its own, after a grid barrier."""
-    nodes = [helper.make_node("Min", ["x", "row"], ["m"]),
-             helper.make_node("Transpose", ["m"], ["y"], perm=[1, 0])]
-    row = np.linspace(-1.0, 1.0, 8).astype(np.float32)
-    built = model(nodes, {"x": [4, 8]}, {"y": [8, 4]}, {"row": row})
+    nodes, inputs = _stacked("ReduceMin", 2, [4, 8])
+    built = model([*nodes, helper.make_node("Transpose", ["m"], ["y"], perm=[1, 0])], inputs,
+                  {"y": [8, 4]}, AXES)
     simt = SimtModule(verify.compile_model(built, "stitch"))
+    row = np.linspace(-1.0, 1.0, 8).astype(np.float32)
     x = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
+    stacked = np.stack([x, np.broadcast_to(row, (4, 8))])
     expected = np.minimum(x, row).T
-    wrong = sum(not np.allclose(simt(x)[0], expected) for _ in range(RUNS))
+    wrong = sum(not np.allclose(simt(stacked)[0], expected) for _ in range(RUNS))
     assert wrong == 0, f"{wrong} of {RUNS} runs wrong"
 
 

@@ -19,6 +19,7 @@ from tvm import relax
 from tvm_stitch import verify
 from tvm_stitch.plan import StitchPlan
 from tvm_stitch.simt import SimtModule
+from tvm_stitch.testing.differential import check_model
 from tvm_stitch.transform.unit_reduction import UnitReduction
 
 pytestmark = needs_stitch
@@ -117,3 +118,17 @@ def test_a_reduction_over_a_unit_and_a_long_axis_stitches(op: str, keepdims: int
     m, t = SimtModule(scheduled)(x)
     np.testing.assert_allclose(m, REDUCERS[op](np.abs(x)).reshape(out), rtol=1e-5)
     np.testing.assert_allclose(t, np.tanh(x), rtol=1e-6)
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+@pytest.mark.parametrize("shape,axis", [([1, 100], 0), ([128, 1], 1)])
+def test_a_softmax_over_a_unit_axis_is_one_or_zero(op: str, shape: list[int], axis: int) -> None:
+    # fuzz graphs 4242:73 (large 0.05), LogSoftmax over axis 0 of (1, 100): "keeps a spatial
+    # axis inside its reduction"; and :54, over the last axis of a (128, 1) mean: "does not
+    # iterate over the 1 rows first". Both fell back.
+    built = model([helper.make_node("Abs", ["x"], ["a"]),
+                   helper.make_node(op, ["a"], ["y"], axis=axis)], {"x": shape}, {"y": shape})
+    plan = StitchPlan.of_module(verify.compile_model(built, "stitch"))
+    assert all("single injective" in f.reason for f in plan.fallbacks), plan.fallbacks
+    outcome = check_model(built, "stitch")
+    assert outcome.kind == "ok", outcome.error

@@ -128,25 +128,33 @@ def test_two_column_sums_tile_a_column_per_thread() -> None:
         ("rows", 512, 4), ("columns", 4, 1)]
 
 
+def _stacked_reduction(op: str, rows: int, shape: tuple[int, int], after: str = ""):
+    """A reduction over the leading axis of a (rows, *shape) input, the op ``after`` applied
+    to its result: a column reduction of ``rows`` rows (what TVM's importer makes of a
+    variadic Max, Min or Sum, which the stitch flow now folds element-wise instead)."""
+    nodes = [onnx.helper.make_node(op, ["s", "axes"], ["r" if after else "y"], keepdims=0)]
+    if after:
+        nodes.append(onnx.helper.make_node(after, ["r"], ["y"]))
+    graph = onnx.helper.make_graph(
+        nodes, "stacked",
+        [onnx.helper.make_tensor_value_info("s", onnx.TensorProto.FLOAT, [rows, *shape])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, list(shape))],
+        [onnx.numpy_helper.from_array(np.array([0], np.int64), "axes")])
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)])
+
+
 @pytest.mark.parametrize("shape", [(16, 160), (257, 2)])
 def test_column_space_blocks_stay_in_their_columns(shape: tuple[int, int]) -> None:
-    # max(x, 1.5) is imported as a max over a stacked axis: a column reduction of 2 rows
-    # whose columns are combined by several blocks (16 x 160) or by one block with threads
-    # past the last column (257 x 2), and a 2-D relu of them in the same phase
-    nodes = [onnx.helper.make_node("Max", ["x", "c"], ["m"]),
-             onnx.helper.make_node("Relu", ["m"], ["y"])]
-    graph = onnx.helper.make_graph(
-        nodes, "max_relu", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT,
-                                                               list(shape))],
-        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, list(shape))],
-        [onnx.numpy_helper.from_array(np.array(1.5, np.float32), "c")])
-    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)])
-    scheduled, plan = lower_stitch(model)
+    # max(x, 1.5) as a max over a stacked axis: a column reduction of 2 rows whose columns
+    # are combined by several blocks (16 x 160) or by one block with threads past the last
+    # column (257 x 2), and a 2-D relu of them in the same phase
+    scheduled, plan = lower_stitch(_stacked_reduction("ReduceMax", 2, shape, "Relu"))
     assert any(g.phases for g in plan.groups)
     simt = SimtModule(scheduled)
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    stacked = np.stack([x, np.full(shape, 1.5, np.float32)])
     for _ in range(3):
-        np.testing.assert_allclose(simt(x)[0], np.maximum(x, 1.5))
+        np.testing.assert_allclose(simt(stacked)[0], np.maximum(x, 1.5))
 
 
 @pytest.mark.parametrize(("op", "inputs", "shape", "tiles"), [
@@ -154,25 +162,18 @@ def test_column_space_blocks_stay_in_their_columns(shape: tuple[int, int]) -> No
     ("Max", 3, (2, 1024), 2), ("Sum", 5, (2, 1024), 2)])
 def test_column_tiles_of_one_row_tile_combine_the_right_columns(
         op: str, inputs: int, shape: tuple[int, int], tiles: int) -> None:
-    # a variadic Max/Min/Sum is a reduction over a stacked axis of `inputs` rows: one row
-    # tile whose columns (a block's width each) are split over tasks; with 768 or 384
-    # columns in a line, a tile of 1024 is not a box of the (4, 768) partial sums, and its
-    # write-out once wrote the whole box, other tasks' columns included (fuzz case g370)
-    names = [f"x{i}" for i in range(inputs)]
-    graph = onnx.helper.make_graph(
-        [onnx.helper.make_node(op, names, ["y"])], "stacked",
-        [onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, list(shape))
-         for n in names],
-        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, list(shape))])
-    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)])
-    scheduled, plan = lower_stitch(model)
+    # a reduction over a stacked axis of `inputs` rows: one row tile whose columns (a
+    # block's width each) are split over tasks; with 768 or 384 columns in a line, a tile of
+    # 1024 is not a box of the (4, 768) partial sums, and its write-out once wrote the whole
+    # box, other tasks' columns included (fuzz case g370, a variadic op)
+    scheduled, plan = lower_stitch(_stacked_reduction(f"Reduce{op}", inputs, shape))
     (group,) = [g for g in plan.groups if g.phases]
     assert [(p.kind, p.tasks, p.column_tiles) for p in group.phases] == [
         ("rows", tiles, tiles), ("columns", tiles, 1)]
-    rng = np.random.default_rng(0)
-    xs = [rng.standard_normal(shape).astype(np.float32) for _ in names]
-    expected = {"Max": np.max, "Min": np.min, "Sum": np.sum}[op](np.stack(xs), axis=0)
-    np.testing.assert_allclose(SimtModule(scheduled)(*xs)[0], expected, rtol=1e-6, atol=1e-6)
+    stacked = np.random.default_rng(0).standard_normal((inputs, *shape)).astype(np.float32)
+    expected = {"Max": np.max, "Min": np.min, "Sum": np.sum}[op](stacked, axis=0)
+    np.testing.assert_allclose(SimtModule(scheduled)(stacked)[0], expected, rtol=1e-6,
+                               atol=1e-6)
 
 
 def _colsum_kernel(target):

@@ -104,14 +104,14 @@ def test_split_parts_are_slices_stitched_with_their_readers() -> None:
     assert not plan.fallbacks and not plan.refusals
 
 
-def test_unsupported_pattern_falls_back_with_its_reason() -> None:
+def test_middle_axis_sum_reduces_rows_of_a_transposed_view() -> None:
+    # MixedReduction: the sum over axis 1 of (4, 8, 16) reduces rows of 8 of a transpose that
+    # the kernel reads through (a symbolic length still falls back: test_dynamic_rows.py)
     plan = _plan("middle_axis_sum", 4, 8, 16)
-    assert not plan.groups
-    reduction, exp = plan.fallbacks
-    assert reduction.ops == ("lv:sum",)
-    assert reduction.reason == ("window or mixed reduction (block x_red reduces x over an "
-                                "inner axis too)")
-    assert exp.ops == ("gv:tir_exp",) and exp.reason == "a single injective op: nothing to stitch"
+    (group,) = plan.groups
+    assert group.ops == ("reduce_view:transpose", "lv:sum", "gv:tir_exp")
+    assert group.inputs == ("x",) and group.mapping.row_length == 8
+    assert not plan.fallbacks
 
 
 def test_column_reduction_read_back_by_rows_is_one_global_group() -> None:

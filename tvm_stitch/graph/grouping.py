@@ -188,6 +188,7 @@ def group_ops(graph: DataflowGraph, excluded: dict[str, str] | None = None,
     columns = column_space(graph, candidates)
     clusters = {i: _singleton(graph.nodes[i], i in columns) for i in sorted(candidates)}
     quotient = _Quotient(graph)
+    _merge_permuted_reads(graph, quotient, clusters)
     result.refusals.extend(_merge_along_edges(graph, quotient, clusters))
     result.refusals.extend(_merge_remote(graph, quotient, clusters))
     for key in sorted(clusters, key=lambda k: clusters[k].first):
@@ -353,6 +354,24 @@ def _try_merge(quotient: _Quotient, clusters: dict[int, _Cluster], a: int, b: in
     return ""
 
 
+def _merge_permuted_reads(graph: DataflowGraph, quotient: _Quotient,
+                          clusters: dict[int, _Cluster]) -> None:
+    """Merge each transpose that only a reduction reads into that reduction first: the
+    reduction then reads the transpose's input through it (``MixedReduction`` makes such
+    transposes), where merging along edges in order would give the transpose to its producer's
+    cluster and write the transposed tensor out for the reduction to read back."""
+    for node in graph.nodes:
+        if node.index not in clusters or node.info.kind not in (OpKind.ROW_REDUCE,
+                                                                OpKind.COLUMN_REDUCE):
+            continue
+        for p in node.producers:
+            copy = graph.nodes[p]
+            if p in clusters and copy.info.copy in (Copy.ROWS, Copy.PERMUTED) \
+                    and not copy.escapes \
+                    and set(copy.consumers) == {node.index}:
+                _try_merge(quotient, clusters, quotient.find(node.index), p)
+
+
 def _merge_along_edges(graph: DataflowGraph, quotient: _Quotient,
                        clusters: dict[int, _Cluster]) -> list[Refusal]:
     """Merge clusters along the dataflow edges between their members, until nothing changes:
@@ -366,6 +385,8 @@ def _merge_along_edges(graph: DataflowGraph, quotient: _Quotient,
                 a, b = quotient.find(p), quotient.find(node.index)
                 if a == b or a not in clusters or b not in clusters:
                     continue
+                if node.info.copy is Copy.PERMUTED and clusters[a].rows is not None:
+                    continue  # a transpose of the innermost axis writes across the rows
                 why = _try_merge(quotient, clusters, a, b)
                 if not why:
                     changed = True

@@ -4,6 +4,10 @@ SplitToSlices (each part of a split is a slice, which stitches with its readers)
 (``power`` by a small integer is multiplications: TVM's fast-math CUDA ``powf`` is NaN for
 negative bases), UnitReduction (a sum, mean, max, min or prod over axes of extent 1 is a
 reshape: TVM's fused schedule of such a reduction applies its epilogue to the accumulator),
+StackReduction (a reduction over the axis a stack made, TVM's import of a variadic Max, Min,
+Sum or Mean, is an element-wise fold of the stacked tensors), MixedReduction (a reduction
+over axes mixed with kept ones, or a softmax over a middle axis, is the same op over a
+transposed input whose reduced axes trail),
 Float32Reductions (a float16 sum, mean or softmax accumulates in float32, where TVM's
 legalization accumulates in float16), the same passes as TVM's default CUDA legalization
 (LegalizeOps, AnnotateTIROpPattern, FoldConstant), then StitchFuse in place of FuseOps +
@@ -19,7 +23,9 @@ from tvm.target import Target
 from ..schedule.rule import StitchSchedule
 from .exact_power import ExactPower
 from .float32_reductions import Float32Reductions
+from .mixed_reduction import MixedReduction
 from .split_slices import SplitToSlices
+from .stack_reduction import StackReduction
 from .stitch_fuse import StitchFuse
 from .unit_reduction import UnitReduction
 
@@ -30,6 +36,8 @@ def fusion_passes(target: Target) -> list[tvm.transform.Pass]:
         SplitToSlices(),
         ExactPower(),
         UnitReduction(),
+        StackReduction(),
+        MixedReduction(),
         Float32Reductions(),
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),

@@ -1,5 +1,6 @@
-"""UnitReduction: a reduction whose reduced axes all have extent 1 becomes a reshape, and one
-that reduces unit axes among others reduces the others only.
+"""UnitReduction: a reduction whose reduced axes all have extent 1 becomes a reshape, one
+that reduces unit axes among others reduces the others only, and a softmax (log-softmax)
+over an axis of extent 1 is ``exp(x - x)`` (``x - x``).
 
 Summing, averaging, or taking the maximum, minimum or product over axes of one element
 returns each element unchanged: the result is the input with those axes dropped (or kept
@@ -62,6 +63,23 @@ def unit_axes(call: relax.Call) -> list[int]:
             if isinstance(dims[a], tirx.IntImm) and int(dims[a]) == 1]
 
 
+_SOFTMAX = tvm.ir.Op.get("relax.nn.softmax")
+_LOG_SOFTMAX = tvm.ir.Op.get("relax.nn.log_softmax")
+
+
+def _is_unit_softmax(call: relax.Call) -> bool:
+    """Whether ``call`` is a softmax or log-softmax over an axis of static extent 1: its
+    result is 1 (or 0) wherever the input is finite."""
+    if not (isinstance(call.op, tvm.ir.Op)
+            and (call.op.same_as(_SOFTMAX) or call.op.same_as(_LOG_SOFTMAX))):
+        return False
+    data = call.args[0].ty
+    if not isinstance(data, relax.TensorType) or data.shape is None:
+        return False
+    extent = list(data.shape)[int(call.attrs.axis) % data.ndim]
+    return isinstance(extent, tirx.IntImm) and int(extent) == 1
+
+
 _REDUCE = {"relax.sum": relax.op.sum, "relax.mean": relax.op.mean, "relax.max": relax.op.max,
            "relax.min": relax.op.min, "relax.prod": relax.op.prod}
 
@@ -75,6 +93,12 @@ class _UnitReduction(relax.PyExprMutator):
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         """The reshape for a unit reduction; other calls unchanged."""
         call = super().visit_call_(call)
+        if _is_unit_softmax(call):
+            # x - x: 0 for a finite x, NaN for an infinite or NaN one, as the op itself gives
+            diff = relax.op.subtract(call.args[0], call.args[0])
+            if call.op.same_as(_SOFTMAX):
+                return relax.op.exp(self.builder_.emit(diff, name_hint="unit_softmax"))
+            return diff
         unit = unit_axes(call)
         if not unit:
             return call

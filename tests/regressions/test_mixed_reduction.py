@@ -1,0 +1,85 @@
+"""Reductions over axes mixed with kept ones, and softmaxes over an axis that is not the last,
+stitch through a transposed view of their input (transform/mixed_reduction.py).
+
+Fuzz graphs 4242:15, :16, :29 and :41 fell back with "window or mixed reduction": a
+ReduceMin over axes (0, 2) of (16, 31, 3), a ReduceMean over axes (0, 2) of (4, 2, 31), a
+Softmax over axis -2 and a Softmax over axis 1. Each now stitches, reads its input
+through the transpose inside its own kernel, and matches onnxruntime on the SIMT runner,
+at small and at model-like sizes (BatchNorm statistics over (N, C, H, W))."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper
+from regression_models import model
+
+from tvm_stitch import verify
+from tvm_stitch.plan import StitchPlan
+from tvm_stitch.testing.differential import check_model
+from tvm_stitch.transform.mixed_reduction import reduction_permutation
+
+
+def test_only_mixed_axes_are_permuted() -> None:
+    assert reduction_permutation([4, 8, 16], [2]) is None  # a row reduction
+    assert reduction_permutation([4, 8, 16], [0, 1]) is None  # a column reduction
+    assert reduction_permutation([4, 1, 16], [0, 2]) is None  # unit axes sit anywhere
+    assert reduction_permutation([4, 8, 16], [1]) == [0, 2, 1]
+    assert reduction_permutation([8, 64, 7, 7], [0, 2, 3]) == [1, 0, 2, 3]
+
+
+def _reduce(op: str, shape: list[int], axes: list[int], keepdims: int, out: list[int]):
+    nodes = [helper.make_node(op, ["x", "axes"], ["r"], keepdims=keepdims),
+             helper.make_node("Neg", ["r"], ["y"])]
+    return model(nodes, {"x": shape}, {"y": out}, {"axes": np.array(axes, np.int64)})
+
+
+def _softmax(op: str, shape: list[int], axis: int):
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=list(range(len(shape)))),
+             helper.make_node(op, ["t"], ["y"], axis=axis)]
+    return model(nodes, {"x": shape}, {"y": shape})
+
+
+def test_an_element_wise_input_is_left_to_tvm_fusion() -> None:
+    # DIEN's attention-weighted sum over the sequence axis: TVM fuses the multiply into the
+    # reduction; a transposed read would make the multiply write its result out (64 KB more)
+    nodes = [helper.make_node("Mul", ["x", "w"], ["m"]),
+             helper.make_node("ReduceSum", ["m", "axes"], ["y"], keepdims=0)]
+    built = model(nodes, {"x": [4, 8, 16], "w": [4, 8, 1]}, {"y": [4, 16]},
+                  {"axes": np.array([1], np.int64)})
+    plan = StitchPlan.of_module(verify.compile_model(built, "stitch"))
+    assert not plan.groups and any("window or mixed" in f.reason for f in plan.fallbacks), plan
+
+
+CASES = {
+    "min_outer_and_inner": lambda: _reduce("ReduceMin", [16, 31, 3], [0, 2], 0, [31]),
+    "mean_outer_and_inner": lambda: _reduce("ReduceMean", [4, 2, 31], [0, 2], 1, [1, 2, 1]),
+    "sum_middle": lambda: _reduce("ReduceSum", [4, 8, 16], [1], 0, [4, 16]),
+    "max_middle_keepdims": lambda: _reduce("ReduceMax", [3, 33, 5, 7], [1, 3], 1,
+                                           [3, 1, 5, 1]),
+    "softmax_middle": lambda: _softmax("Softmax", [31, 2, 4], -2),
+    "log_softmax_middle": lambda: _softmax("LogSoftmax", [4, 512, 16], 1),
+    "softmax_before_a_unit_axis": lambda: _softmax("Softmax", [8, 64, 56, 1], -2),
+    "softmax_channels": lambda: _softmax("Softmax", [2, 64, 28, 28], 1),  # 100,352 elements
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_mixed_reduction_stitches_and_matches_onnxruntime(name: str) -> None:
+    built = CASES[name]()
+    plan = StitchPlan.of_module(verify.compile_model(built, "stitch"))
+    assert not [f for f in plan.fallbacks if "single injective" not in f.reason], plan
+    # the transposed view (a reshape where only unit axes move) is read through, in one kernel
+    reading = [g for g in plan.groups if any("_view:" in op for op in g.ops)]
+    assert len(reading) == 1 and len(reading[0].ops) >= 2, plan
+    outcome = check_model(built, "stitch")
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+
+
+def test_batch_norm_statistics_at_model_size_match_onnxruntime() -> None:
+    # the mean over (N, H, W) of an (8, 64, 56, 56) activation: 1.6 M elements, rows of 25088
+    built = _reduce("ReduceMean", [8, 64, 56, 56], [0, 2, 3], 1, [1, 64, 1, 1])
+    plan = StitchPlan.of_module(verify.compile_model(built, "stitch"))
+    assert not [f for f in plan.fallbacks if "single injective" not in f.reason], plan
+    outcome = check_model(built, "stitch")
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)

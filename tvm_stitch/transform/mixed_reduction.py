@@ -1,0 +1,148 @@
+"""MixedReduction: a reduction whose reduced axes are mixed with kept ones reduces a
+transposed view of its input instead, in which they are all trailing.
+
+The stitch schedule maps two forms of reduction: row reductions (the reduced axes trail) and
+column reductions (they lead). ONNX graphs also reduce axes in between: a ReduceMean over
+axes (0, 2) of (B, C, L), or a softmax over the middle axis of (B, N, C). Summing, averaging,
+or taking the maximum, minimum or product does not depend on the order of the elements, so
+such a reduction is the same reduction of ``permute_dims`` of its input with the reduced axes
+moved last: a row reduction, whose rows gather the reduced elements of each kept index.
+(Moving them first instead would make a column reduction, but Global stitching reads each
+row of a column reduction as one contiguous run of its input, which a transposed input is
+not.) A softmax or log-softmax over a middle axis is the same op over the last axis of a
+transposed input, transposed back (one over the first axis is a column softmax, which
+Global stitching maps as it is). The transpose into the reduction stitches into the
+reduction's kernel, which reads the input through it (grouping merges a transpose that only
+a reduction reads into that reduction first); the one back may be a kernel of its own.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax, tirx
+from tvm.ir import IRModule
+
+from .rewrite import rewrite_functions
+from .unit_reduction import reduced_axes
+
+_REDUCE = {"relax.sum": relax.op.sum, "relax.mean": relax.op.mean, "relax.max": relax.op.max,
+           "relax.min": relax.op.min, "relax.prod": relax.op.prod}
+_SOFTMAX = {"relax.nn.softmax": relax.op.nn.softmax,
+            "relax.nn.log_softmax": relax.op.nn.log_softmax}
+
+
+def _static_dims(expr: relax.Expr) -> list[int | None] | None:
+    """The extents of ``expr``'s shape (None for a symbolic one); None when the shape is
+    unknown."""
+    ty = expr.ty
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return None
+    return [int(d) if isinstance(d, tirx.IntImm) else None for d in ty.shape]
+
+
+def reduction_permutation(dims: list[int | None], reduced: list[int]) -> list[int] | None:
+    """The order of axes in which a reduction over ``reduced`` of a tensor of extents
+    ``dims`` reduces trailing axes only, or None when it already reduces trailing or leading
+    axes only. Axes of extent 1 are ignored: they may sit anywhere."""
+    long_axes = [a for a, d in enumerate(dims) if d != 1]
+    kinds = "".join("R" if a in reduced else "S" for a in long_axes)
+    if "SR" not in kinds or "RS" not in kinds:
+        return None
+    return [a for a in range(len(dims)) if a not in reduced] + sorted(reduced)
+
+
+def _permuted(data: relax.Expr, dims: list[int | None], perm: list[int]) -> relax.Expr:
+    """``permute_dims(data, perm)``, or the reshape to its shape when the permutation only
+    moves axes of extent 1 (the elements keep their order: a view, not a copy)."""
+    long_axes = [a for a in perm if dims[a] != 1]
+    if long_axes == sorted(long_axes) and None not in dims:
+        return relax.op.reshape(data, [dims[a] for a in perm])
+    return relax.op.permute_dims(data, perm)
+
+
+_MATERIALISED = frozenset({
+    "relax.reshape", "relax.permute_dims", "relax.broadcast_to", "relax.expand_dims",
+    "relax.squeeze", "relax.strided_slice", "relax.concat", "relax.matmul", "relax.nn.conv1d",
+    "relax.nn.conv2d", "relax.nn.conv3d", "relax.nn.softmax", "relax.nn.log_softmax"})
+"""Ops whose result a transposed reduction may read: copies (read through, as a parameter
+is) and ops whose result is written to global memory anyway (a matmul's)."""
+
+
+def _read_through(builder: relax.PyExprMutator, data: relax.Expr) -> bool:
+    """Whether a reduction of ``data`` read through a transpose moves no more bytes than it
+    does now: ``data`` is a parameter, a constant, or the result of a copy or a matmul. The
+    result of an element-wise op is not: TVM fuses it into the reduction, but the stitched
+    transpose breaks its rows, so it would be written for the reduction to read back (the
+    attention-weighted sum over the sequence axis of DIEN moved 64 KB more)."""
+    bound = builder.lookup_binding(data) if isinstance(data, relax.Var) else None
+    if bound is None:
+        return True
+    return isinstance(bound, relax.Call) and isinstance(bound.op, tvm.ir.Op) \
+        and bound.op.name in _MATERIALISED
+
+
+def _is(call: relax.Call, table: dict) -> bool:
+    return isinstance(call.op, tvm.ir.Op) and call.op.name in table
+
+
+@relax.expr_functor.mutator
+class _MixedReduction(relax.PyExprMutator):
+    """Rewrites reductions over axes mixed with kept ones, and softmaxes over a middle axis,
+    into the same op over a transposed input."""
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        """The transposed form of a mixed reduction or softmax; other calls unchanged."""
+        call = super().visit_call_(call)
+        if _is(call, _REDUCE):
+            return self._reduction(call)
+        if _is(call, _SOFTMAX):
+            return self._softmax(call)
+        return call
+
+    def _reduction(self, call: relax.Call) -> relax.Expr:
+        data = call.args[0]
+        dims = _static_dims(data)
+        reduced = reduced_axes(call)
+        if dims is None or reduced is None or _static_dims(call) is None:
+            return call
+        perm = reduction_permutation(dims, reduced)
+        if perm is None or not _read_through(self, data):
+            return call
+        moved = self.builder_.emit(_permuted(data, dims, perm), name_hint="reduce_view")
+        axes = list(range(len(dims) - len(reduced), len(dims)))
+        result = _REDUCE[call.op.name](moved, axis=axes, keepdims=False)
+        if call.attrs.keepdims:
+            return relax.op.reshape(self.builder_.emit(result, name_hint="reduced"),
+                                    call.ty.shape)
+        return result  # not emitted: it stays the binding of the reduction, not an alias
+
+    def _softmax(self, call: relax.Call) -> relax.Expr:
+        data = call.args[0]
+        dims = _static_dims(data)
+        if dims is None:
+            return call
+        axis = int(call.attrs.axis) % len(dims)
+        if axis == len(dims) - 1 or all(d == 1 for d in dims[:axis]) \
+                or not _read_through(self, data):
+            return call  # a row softmax, or a column softmax (Global stitching maps both)
+        # with the axes after it (even of extent 1: the TIR then reduces an inner axis)
+        perm = [a for a in range(len(dims)) if a != axis] + [axis]
+        moved = self.builder_.emit(_permuted(data, dims, perm), name_hint="softmax_view")
+        result = self.builder_.emit(_SOFTMAX[call.op.name](moved, axis=-1),
+                                    name_hint="softmax_rows")
+        inverse = [perm.index(a) for a in range(len(dims))]
+        return _permuted(result, [dims[a] for a in perm], inverse)
+
+
+@tvm.transform.module_pass(opt_level=0, name="MixedReduction")
+class MixedReduction:
+    """Replace every reduction over axes mixed with kept ones, and every softmax or
+    log-softmax over a middle axis, in the module's Relax functions by the same op over a
+    transposed input."""
+
+    def transform_module(self, mod: IRModule, _ctx: tvm.transform.PassContext) -> IRModule:
+        """Run the pass on ``mod``."""
+        return rewrite_functions(_MixedReduction(mod), mod)
+
+
+__all__ = ["MixedReduction", "reduction_permutation"]
