@@ -37,3 +37,13 @@ def test_stitch_reduces_to_a_scalar(shape: list[int]) -> None:
 def test_stitch_reduces_to_a_scalar_where_it_falls_back(shape: list[int]) -> None:
     outcome = check_model(_mean_of_all(shape), "stitch", triage=False)
     assert outcome.kind == "ok", outcome.error
+
+
+def test_a_reduction_to_one_value_that_keeps_its_dims_stitches() -> None:
+    # fuzz graph 4242:14: a ReduceMean over every axis of (4, 2, 2, 3), keepdims=1, fell back
+    # with "block T_divide is not in (row, element) form": its divide had four unit loops
+    shape = [4, 2, 2, 3]
+    built = model([helper.make_node("ReduceMean", ["x", "axes"], ["y"], keepdims=1)],
+                  {"x": shape}, {"y": [1, 1, 1, 1]}, {"axes": np.arange(4, dtype=np.int64)})
+    outcome = check_model(built, "stitch")
+    assert outcome.kind == "ok" and not outcome.fallbacks, (outcome.error, outcome.fallbacks)

@@ -177,11 +177,22 @@ def decide(func: tirx.PrimFunc, group: Group, rows: int | None,
     elif column_reductions(sch, rows):
         done = _decide_global(sch, func, group, rows, budget, max_threads, gpu)
     else:
-        done = _decide_split(func, group, rows, budget, max_threads, gpu)
-        if done is None:
-            reused = cache_reused_outputs(sch, func, SHARED)
-            done = _decide_rows(sch, func, group, rows, reused, budget, max_threads, gpu)
-    scheduled = _schedule(fused, done)  # emission prepares (and permutes) as above
+        split = _decide_split(func, group, rows, budget, max_threads, gpu)
+        if split is not None:
+            try:
+                return _built(fused, split, target, gpu)
+            except (Unstitchable, ValueError) as err:  # a block per row instead
+                logger.debug("task splitting of %s does not build: %s", group.ops,
+                             error_summary(err))
+        reused = cache_reused_outputs(sch, func, SHARED)
+        done = _decide_rows(sch, func, group, rows, reused, budget, max_threads, gpu)
+    return _built(fused, done, target, gpu)
+
+
+def _built(fused: tirx.PrimFunc, done: Group, target: Target | None, gpu: GPU) -> Decided:
+    """``done`` checked by scheduling ``fused`` with it and, given a target, building it, its
+    launch settled against the shared memory the built kernel declares."""
+    scheduled = _schedule(fused, done)  # emission prepares (and permutes) as decide does
     if target is None:
         return Decided(done, None)
     lowered = _lower(scheduled, done, target)
@@ -470,7 +481,8 @@ def _decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows:
     shared = _shared_bytes(dec, mapping) + sum(accumulators.values()) \
         + sum(b.shared_bytes for b in staged)
     launch = _launch(gpu, mapping.threads_per_block, shared)
-    tiles, column_tiles = _tiles(options, roles, rows, mapping.threads_per_block, launch.wave)
+    tiles, column_tiles = _tiles(options, roles, rows, mapping.threads_per_block, launch.wave,
+                                 rows * length)
     reread, per_row = _register_cache(sch, func, dec, mapping, infos)
     sums = sum(in_registers.values())  # held for the whole tile, as the row walk's elements
     cap = cached_elements_cap(launch)
@@ -638,12 +650,20 @@ tile writes one row of partial sums and the next phase reads it back, so this ke
 traffic under a quarter of the input's."""
 
 
-def _row_tiles(rows: int, wave: int, partial_sums: bool) -> int:
+SMALL_GLOBAL_ELEMENTS = 1 << 16
+"""A Global group's row phases over at most this many elements may run on few row tiles
+(as few as one, when no divisor of a prime row count fits the wave): the work is too small
+for the parallelism to matter, and one kernel still replaces TVM's several."""
+
+
+def _row_tiles(rows: int, wave: int, partial_sums: bool, elements: int) -> int:
     """Row tiles of a persistent grid: the most that divide the rows and fit one wave (with
-    ``partial_sums``, also no more than a tile per ``MIN_TILE_ROWS`` rows)."""
+    ``partial_sums``, also no more than a tile per ``MIN_TILE_ROWS`` rows). Fewer than an
+    eighth of that is refused unless the row phases walk at most ``SMALL_GLOBAL_ELEMENTS``
+    ``elements``."""
     most = min(wave, max(1, rows // MIN_TILE_ROWS)) if partial_sums else wave
     tiles = max(d for d in divisors(rows) if d <= most)
-    if tiles * 8 < min(rows, most):
+    if tiles * 8 < min(rows, most) and elements > SMALL_GLOBAL_ELEMENTS:
         raise Unstitchable(f"{rows} rows do not split into about one wave of {most} tiles "
                            f"(at most {tiles})")
     return tiles
@@ -713,8 +733,8 @@ def _column_tile_options(roles: Roles, threads: int) -> list[int]:
     return options
 
 
-def _tiles(options: list[int], roles: Roles, rows: int, threads: int, wave: int
-           ) -> tuple[int, int]:
+def _tiles(options: list[int], roles: Roles, rows: int, threads: int, wave: int,
+           elements: int) -> tuple[int, int]:
     """Row tiles and column tiles per row tile of the row phases: the first of ``options``
     (``_column_tile_options``) whose lanes (threads per tile column) divide the rows of a row
     tile, with as many row tiles as then fit ``wave`` tasks; else no column tiles."""
@@ -722,11 +742,11 @@ def _tiles(options: list[int], roles: Roles, rows: int, threads: int, wave: int
     for column_tiles in options:
         if column_tiles > wave:  # not even one row tile's column tiles fit the wave
             continue
-        tiles = _row_tiles(rows, wave // column_tiles, partial_sums)
+        tiles = _row_tiles(rows, wave // column_tiles, partial_sums, elements)
         width = next(iter(roles.columns.values())) // column_tiles
         if (rows // tiles) % (threads // width) == 0:
             return tiles, column_tiles
-    return _row_tiles(rows, wave, partial_sums), 1
+    return _row_tiles(rows, wave, partial_sums, elements), 1
 
 
 def _phases(roles: Roles, tiles: int, threads: int, column_tiles: int = 1

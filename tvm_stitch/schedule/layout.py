@@ -42,7 +42,11 @@ def flatten_rows(sch: s_tir.Schedule, rows: int, skip: list[str],
         if len(info.iters) == 2 and row_pos == [0] and elem_pos == [1]:
             continue
         if all(i.extent == 1 for i in info.iters):
-            # a scalar block: its iterators are bound to constants, not to loops
+            # a scalar block: its iterators are bound to constants, not to loops; unit loops
+            # (a reduction to one value that keeps its dims) fuse into one element loop
+            loops = sch.get_loops(block)
+            if len(loops) > 2:
+                sch.fuse(*loops[1:])
             while len(sch.get_loops(block)) < 2:
                 sch.add_unit_loop(block)
             continue

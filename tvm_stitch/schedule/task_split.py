@@ -20,6 +20,8 @@ stay as they are (they become column-space blocks of the combined results).
 
 from __future__ import annotations
 
+from math import prod
+
 import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
@@ -73,16 +75,32 @@ def _sub_rows(parts: int, chunk: int, block: s_tir.schedule.SBlockRV,
 
 def _split_writes(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, params: set[str],
                   rows: int, parts: int, chunk: int) -> None:
-    """Lay the intermediates ``block`` writes (rows x length) out as sub-rows."""
+    """Lay the intermediates ``block`` writes (``rows`` rows of ``chunk x parts`` elements,
+    row-major in whatever shape) out as sub-rows."""
     for index, region in enumerate(sch.get(block).writes):
         buf = region.source
         if buf.name in params:
             continue
         shape = [int(d) for d in buf.shape]
-        if shape != [rows, chunk * parts]:
+        if prod(shape) != rows * chunk * parts:
             raise Unstitchable(f"intermediate {buf.name} {shape} is not laid out as "
                                f"{rows} rows of {chunk * parts}")
+        if shape != [rows, chunk * parts]:  # row-major as (row, element) first: tight regions
+            sch.transform_layout(block, ("write", index),
+                                 _as_rows(shape, chunk * parts, block, sch))
         sch.transform_layout(block, ("write", index), _sub_rows(parts, chunk, block, sch))
+
+
+def _as_rows(shape: list[int], length: int, block: s_tir.schedule.SBlockRV,
+             sch: s_tir.Schedule) -> tirx.IndexMap:
+    """An index of ``shape`` -> (row, element) of its row-major position in rows of
+    ``length``."""
+    def as_rows(*index):
+        flat = index[0]
+        for i, n in zip(index[1:], shape[1:], strict=True):
+            flat = flat * n + i
+        return [flat // length, flat % length]
+    return tirx.IndexMap.from_func(as_rows, ndim=len(shape), index_dtype=_index_dtype(sch, block))
 
 
 def _split_reduction(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, parts: int,
