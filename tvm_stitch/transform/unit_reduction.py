@@ -1,6 +1,7 @@
 """UnitReduction: a reduction whose reduced axes all have extent 1 becomes a reshape, one
-that reduces unit axes among others reduces the others only, and a softmax (log-softmax)
-over an axis of extent 1 is ``exp(x - x)`` (``x - x``).
+that reduces unit axes among others reduces the others only, a softmax (log-softmax) over
+an axis of extent 1 is ``exp(x - x)`` (``x - x``), and a matmul over an inner dimension of 1
+is a broadcast multiply.
 
 Summing, averaging, or taking the maximum, minimum or product over axes of one element
 returns each element unchanged: the result is the input with those axes dropped (or kept
@@ -13,7 +14,9 @@ itself, in the init and again in the update (``pow(|acc + x| + 0.5, 2)`` after
 and stitches with its neighbours as an injective op (or becomes a view). A reduction over a
 unit axis and longer ones (ReduceMin over both axes of a (1, 1024) tensor) reduces the longer
 ones and reshapes: its unit reduction iterator would sit among the rows of its block, which
-the stitch schedule cannot map ("does not iterate over the 1 rows first").
+the stitch schedule cannot map ("does not iterate over the 1 rows first"). A matmul of
+(M, 1) by (1, N) meets the same dlight bug in both flows (fuzz graph 4242:1010, an outer
+product then ``pow(|x| + 0.5, 2)``: max error 0.61); as a multiply it is element-wise.
 """
 
 from __future__ import annotations
@@ -80,6 +83,25 @@ def _is_unit_softmax(call: relax.Call) -> bool:
     return isinstance(extent, tirx.IntImm) and int(extent) == 1
 
 
+_MATMUL = tvm.ir.Op.get("relax.matmul")
+
+
+def _is_outer_product(call: relax.Call) -> bool:
+    """Whether ``call`` is a matmul of two tensors of rank 2 or more over an inner dimension
+    of static extent 1, computed in its inputs' type: ``a * b`` with broadcasting then gives
+    the same (batch dims broadcast alike)."""
+    if not (isinstance(call.op, tvm.ir.Op) and call.op.same_as(_MATMUL)):
+        return False
+    a, b = (arg.ty for arg in call.args)
+    if not all(isinstance(t, relax.TensorType) and t.shape is not None and t.ndim >= 2
+               for t in (a, b)) or a.dtype != b.dtype:
+        return False
+    out_dtype = call.attrs.out_dtype
+    inner = list(a.shape)[-1]
+    return (out_dtype is None or str(out_dtype) in ("", "void", a.dtype)) \
+        and isinstance(inner, tirx.IntImm) and int(inner) == 1
+
+
 _REDUCE = {"relax.sum": relax.op.sum, "relax.mean": relax.op.mean, "relax.max": relax.op.max,
            "relax.min": relax.op.min, "relax.prod": relax.op.prod}
 
@@ -93,6 +115,8 @@ class _UnitReduction(relax.PyExprMutator):
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         """The reshape for a unit reduction; other calls unchanged."""
         call = super().visit_call_(call)
+        if _is_outer_product(call):
+            return relax.op.multiply(call.args[0], call.args[1])
         if _is_unit_softmax(call):
             # x - x: 0 for a finite x, NaN for an infinite or NaN one, as the op itself gives
             diff = relax.op.subtract(call.args[0], call.args[0])
