@@ -26,3 +26,17 @@ def test_registers_hold_one_threads_elements(shape: tuple[int, ...]) -> None:
     outcome = check_model(_bias_gelu(shape), "stitch", triage=False)
     assert outcome.kind == "ok" and not outcome.fallbacks, (outcome.error, outcome.fallbacks)
     assert outcome.violations == []  # no stack frame, no register over the plan's budget
+
+
+@pytest.mark.parametrize("compare", ["Less", "Equal"])
+def test_vectors_across_the_innermost_axis_are_not_cached_as_boxes(compare: str) -> None:
+    # fuzz graph 4242:320 (large 0.05), shrunk: Where(x < 0, x, 1.5) on (4, 256, 14, 14). The
+    # input read twice was kept in registers for vectors of 4, which run over the end of the
+    # innermost axis of 14: the copy covered whole rows of 14 modulo 4 slots (max error 5.99)
+    # and a stack frame of 112 B. Such a group now takes scalars.
+    g = GraphBuilder("where_" + compare.lower())
+    x = g.input("x", (4, 256, 14, 14))
+    picked = g.op("Where", g.op(compare, x, g.constant(0.0)), x, g.constant(1.5))
+    outcome = check_model(g.model([picked]), "stitch", triage=False)
+    assert outcome.kind == "ok" and not outcome.fallbacks, (outcome.error, outcome.fallbacks)
+    assert outcome.violations == []

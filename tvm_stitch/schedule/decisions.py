@@ -286,9 +286,12 @@ def _decide_flat(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, reused:
                            "written out and read inside the kernel") for n in reused)
     mapping = replace(flat_mapping(size, max_threads, _widest_element(sch, func), gpu),
                       rows_expr=size_expr)
-    if (kept or staged or reused) and any(_reshaped(r) for b in child_blocks(sch)
-                                          for r in (*sch.get(b).reads, *sch.get(b).writes)):
-        # a register copy of a reshaped access would be a bounding box around the vector
+    regions = [r for b in child_blocks(sch) for r in (*sch.get(b).reads, *sch.get(b).writes)]
+    if (kept or staged or reused) and any(_reshaped(r) or _splits_vectors(r, mapping.vector)
+                                          for r in regions):
+        # a register copy of a reshaped access, or of a vector that runs over the end of the
+        # innermost axis (fuzz graph 4242:320, (4, 256, 14, 14) in vectors of 4: wrong
+        # numbers), would be a bounding box around the vector
         mapping = replace(mapping, vector=1)
     return replace(group, mapping=mapping, inlined=tuple(inlined),
                    buffers=buffers + tuple(kept) + tuple(staged), shared_bytes=0,
@@ -315,6 +318,16 @@ def _element_aligned(sch: s_tir.Schedule, blocks: list, buffer: tirx.Buffer, siz
             if access_rows(info, region, size) != "aligned" or _wraps_around(region):
                 return False
     return True
+
+
+def _splits_vectors(region: tvm.ir.TensorRegion, vector: int) -> bool:
+    """Whether vectors of ``vector`` consecutive elements of ``region``'s buffer may run over
+    the end of its innermost axis (its extent is not a multiple of the width)."""
+    shape = list(region.source.shape)
+    if vector == 1 or not shape:
+        return False
+    last = shape[-1]
+    return not isinstance(last, tirx.IntImm) or int(last) % vector != 0
 
 
 def _wraps_around(region: tvm.ir.TensorRegion) -> bool:
