@@ -23,10 +23,8 @@ from tvm import relax, tirx
 from tvm.ir import IRModule
 
 from .rewrite import rewrite_functions
-from .unit_reduction import reduced_axes
+from .unit_reduction import REDUCTIONS, reduced_axes
 
-_REDUCE = {"relax.sum": relax.op.sum, "relax.mean": relax.op.mean, "relax.max": relax.op.max,
-           "relax.min": relax.op.min, "relax.prod": relax.op.prod}
 _SOFTMAX = {"relax.nn.softmax": relax.op.nn.softmax,
             "relax.nn.log_softmax": relax.op.nn.log_softmax}
 
@@ -93,7 +91,7 @@ class _MixedReduction(relax.PyExprMutator):
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         """The transposed form of a mixed reduction or softmax; other calls unchanged."""
         call = super().visit_call_(call)
-        if _is(call, _REDUCE):
+        if _is(call, REDUCTIONS):
             return self._reduction(call)
         if _is(call, _SOFTMAX):
             return self._softmax(call)
@@ -110,7 +108,7 @@ class _MixedReduction(relax.PyExprMutator):
             return call
         moved = self.builder_.emit(_permuted(data, dims, perm), name_hint="reduce_view")
         axes = list(range(len(dims) - len(reduced), len(dims)))
-        result = _REDUCE[call.op.name](moved, axis=axes, keepdims=False)
+        result = REDUCTIONS[call.op.name](moved, axis=axes, keepdims=False)
         if call.attrs.keepdims:
             return relax.op.reshape(self.builder_.emit(result, name_hint="reduced"),
                                     call.ty.shape)

@@ -28,8 +28,12 @@ from tvm.ir import IRModule
 
 from .rewrite import rewrite_functions
 
-UNIT_REDUCIBLE = tuple(tvm.ir.Op.get(f"relax.{name}")
-                       for name in ("sum", "mean", "max", "min", "prod"))
+REDUCTIONS = {"relax.sum": relax.op.sum, "relax.mean": relax.op.mean,
+              "relax.max": relax.op.max, "relax.min": relax.op.min, "relax.prod": relax.op.prod}
+"""The reductions the stitch flow's rewrites handle, by op name: each returns its only
+element for an axis of extent 1 and does not depend on the order of the elements."""
+
+UNIT_REDUCIBLE = tuple(tvm.ir.Op.get(name) for name in REDUCTIONS)
 """Reductions that return their only element for an axis of extent 1."""
 
 
@@ -102,8 +106,6 @@ def _is_outer_product(call: relax.Call) -> bool:
         and isinstance(inner, tirx.IntImm) and int(inner) == 1
 
 
-_REDUCE = {"relax.sum": relax.op.sum, "relax.mean": relax.op.mean, "relax.max": relax.op.max,
-           "relax.min": relax.op.min, "relax.prod": relax.op.prod}
 
 
 @relax.expr_functor.mutator
@@ -129,7 +131,7 @@ class _UnitReduction(relax.PyExprMutator):
         data = call.args[0]
         rest = [a for a in reduced_axes(call) if a not in unit]
         if rest:
-            data = self.builder_.emit(_REDUCE[call.op.name](data, axis=rest, keepdims=True),
+            data = self.builder_.emit(REDUCTIONS[call.op.name](data, axis=rest, keepdims=True),
                                       name_hint="reduced")
         if tvm_ffi.structural_equal(data.ty.shape, call.ty.shape):
             return data
@@ -146,4 +148,5 @@ class UnitReduction:
         return rewrite_functions(_UnitReduction(mod), mod)
 
 
-__all__ = ["UNIT_REDUCIBLE", "UnitReduction", "is_unit_reduction", "reduced_axes", "unit_axes"]
+__all__ = ["REDUCTIONS", "UNIT_REDUCIBLE", "UnitReduction", "is_unit_reduction", "reduced_axes",
+           "unit_axes"]
