@@ -859,7 +859,7 @@ def _decide_staging(sch: s_tir.Schedule, func: tirx.PrimFunc, infos: dict[str, B
     group) only those read in one phase: staged data does not outlive its phase."""
     written = {p.name for p in written_params(func, sch)}
     for param in func.params:
-        if param.name in written:
+        if param.name in written or _single_value(param):
             continue
         users = readers(sch, param, affine=True)
         names = [name_of(sch, u) for u in users]
@@ -892,6 +892,12 @@ def _decide_staging(sch: s_tir.Schedule, func: tirx.PrimFunc, infos: dict[str, B
         elif sites >= 2:
             dec.global_reads.append(Buffer(param.name, "input", StorageLevel.GLOBAL, 0,
                                            f"read at {sites} places, not row-aligned"))
+
+
+def _single_value(buffer: tirx.Buffer) -> bool:
+    """Whether ``buffer`` holds one value. Every thread reads that same word, which the
+    cache serves; staging it would be a copy loop without loops."""
+    return all(isinstance(d, tirx.IntImm) and int(d) == 1 for d in buffer.shape)
 
 
 def _pack_vertically(dec: _Decisions, mapping: ThreadMapping, gpu: GPU) -> ThreadMapping:

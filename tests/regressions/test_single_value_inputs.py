@@ -1,0 +1,39 @@
+"""An input that holds one value is read where it is used, never staged in shared memory.
+
+Fuzz graphs 4242:81, :140, :202, :226, :331, :353, :370 (large 0.05): a reduction over the
+whole tensor (one row) with a 0-d or one-element operand fell back with "block
+const1_shared: compute-at made 0 loops for (row, element)". Staging that operand per row
+made a copy block without loops; every thread reads the same word, which the cache serves
+(schedule/decisions.py, ``_single_value``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper
+from regression_models import model
+
+from tvm_stitch import verify
+from tvm_stitch.plan import StitchPlan
+from tvm_stitch.testing.differential import check_model
+
+
+def _max_then_where(shape: list[int], scale_shape: list[int]):
+    """Where(x <= max(x), x, c) over the whole tensor: the max is one row, c one value."""
+    nodes = [helper.make_node("ReduceMax", ["x"], ["m"], keepdims=1),
+             helper.make_node("LessOrEqual", ["x", "m"], ["b"]),
+             helper.make_node("Where", ["b", "x", "c"], ["y"])]
+    return model(nodes, {"x": shape}, {"y": shape},
+                 {"c": np.full(scale_shape, 0.25, np.float32)})
+
+
+@pytest.mark.parametrize("shape,scale_shape", [([128, 13], []), ([1, 30000], [1]),
+                                               ([4, 8], [1, 1])])
+def test_a_one_value_operand_of_a_whole_tensor_reduction_stitches(
+        shape: list[int], scale_shape: list[int]) -> None:
+    built = _max_then_where(shape, scale_shape)
+    plan = StitchPlan.of_module(verify.compile_model(built, "stitch"))
+    assert not plan.fallbacks, plan
+    assert not any(b.name.startswith("const") for g in plan.groups for b in g.buffers), plan
+    outcome = check_model(built, "stitch")
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
