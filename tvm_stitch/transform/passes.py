@@ -1,6 +1,8 @@
 """The fusion and scheduling passes of the "stitch" flow.
 
-SplitToSlices (each part of a split is a slice, which stitches with its readers), ExactPower
+SplitToSlices (each part of a split is a slice, which stitches with its readers),
+IdentityViews (a same-type cast, an identity transpose or an expand to the same shape is a
+view of its input, as TVM's flow makes it in the end), ExactPower
 (``power`` by a small integer is multiplications: TVM's fast-math CUDA ``powf`` is NaN for
 negative bases), UnitReduction (a sum, mean, max, min or prod over axes of extent 1 is a
 reshape: TVM's fused schedule of such a reduction applies its epilogue to the accumulator),
@@ -23,6 +25,7 @@ from tvm.target import Target
 from ..schedule.rule import StitchSchedule
 from .exact_power import ExactPower
 from .float32_reductions import Float32Reductions
+from .identity_views import IdentityViews
 from .mixed_reduction import MixedReduction
 from .split_slices import SplitToSlices
 from .stack_reduction import StackReduction
@@ -34,6 +37,7 @@ def fusion_passes(target: Target) -> list[tvm.transform.Pass]:
     """Split rewriting, legalization, stitch fusion and scheduling for ``target``."""
     return [
         SplitToSlices(),
+        IdentityViews(),
         ExactPower(),
         UnitReduction(),
         StackReduction(),
