@@ -63,3 +63,38 @@ def test_a_reshape_of_a_group_input_passed_out_is_a_view() -> None:
     assert _bytes(model, "stitch") <= _bytes(model, "baseline")
     outcome = check_model(model, "stitch")
     assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+
+
+def test_two_reshapes_of_one_computed_value_passed_out_are_views_of_it() -> None:
+    # fuzz graph 4242:66: a maximum read only through two views wrote both views out
+    nodes = [helper.make_node("Max", ["x", "c"], ["m"]),
+             helper.make_node("Reshape", ["m", "s1"], ["r1"]),
+             helper.make_node("Reshape", ["m", "s2"], ["r2"])]
+    model = _model(nodes, {"x": [16, 30]}, {"r1": [480], "r2": [16, 1, 30]},
+                   {"c": np.array(0.25, np.float32), "s1": np.array([480], np.int64),
+                    "s2": np.array([16, 1, 30], np.int64)})
+    plan = StitchPlan.of_module(verify.compile_model(model, "stitch"))
+    assert [f.reason for f in plan.fallbacks] == [DUPLICATE_VIEW] * 2, plan.fallbacks
+    assert _bytes(model, "stitch") <= _bytes(model, "baseline")
+    outcome = check_model(model, "stitch")
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+
+
+def test_a_reshape_read_inside_and_passed_out_next_to_its_source_is_a_view() -> None:
+    # fuzz graph 4242:205: an add passed out, and a reshape of it that a tanh reads inside the
+    # group passed out too: the kernel wrote the add twice and recomputed it for the tanh
+    nodes = [helper.make_node("Add", ["x", "b"], ["a"]),
+             helper.make_node("Add", ["a", "z"], ["y"]),
+             helper.make_node("Reshape", ["a", "shape"], ["r"]),
+             helper.make_node("Tanh", ["r"], ["t"])]
+    model = _model(nodes, {"x": [128, 3], "z": [128, 3]},
+                   {"a": [128, 3], "y": [128, 3], "r": [128, 1, 3], "t": [128, 1, 3]},
+                   {"b": np.array([0.5, -0.25, 1.0], np.float32),
+                    "shape": np.array([128, 1, 3], np.int64)})
+    plan = StitchPlan.of_module(verify.compile_model(model, "stitch"))
+    assert not plan.fallbacks, plan
+    (group,) = plan.groups
+    assert not any("reshape" in out for out in group.outputs), group
+    assert _bytes(model, "stitch") <= _bytes(model, "baseline") * 3 // 4
+    outcome = check_model(model, "stitch")
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)

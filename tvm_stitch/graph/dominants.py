@@ -16,6 +16,7 @@ merge into one dominant (a reduction preferred); the others become its sub-domin
 from __future__ import annotations
 
 from ..plan import Dominant, Edge, Scheme
+from .copies import Copy
 from .dataflow import DataflowGraph, Node
 from .grouping import OpGroup
 from .ops import OpKind
@@ -41,11 +42,33 @@ def edge_scheme(producer: Node, consumer: Node, columns: frozenset[int] = frozen
     return Scheme.LOCAL if reads == 1 and aligned else Scheme.REGIONAL
 
 
-def group_outputs(group: OpGroup) -> list[Node]:
+def _leaving(group: OpGroup) -> list[Node]:
     """Members whose result is used outside the group."""
     members = set(group.members)
     return [n for n in group.nodes
             if n.escapes or any(c not in members for c in n.consumers)]
+
+
+def passed_views(group: OpGroup) -> list[Node]:
+    """Members whose result leaves the group as a view (a reshape) of another result that
+    leaves it. The kernel writes that result once and the caller makes the view, as TVM
+    makes it of any kernel's result; written too, it would be a second copy (fuzz graph
+    4242:205: an add passed out with a reshape of it that a tanh reads inside)."""
+    passed: list[Node] = []
+    out: set[int] = set()
+    for node in _leaving(group):
+        producers = set(node.producers)
+        if node.info.copy is Copy.VIEW and len(producers) == 1 and producers <= out:
+            passed.append(node)
+        out.add(node.index)
+    return passed
+
+
+def group_outputs(group: OpGroup) -> list[Node]:
+    """Members whose result the group's kernel passes out: those used outside the group,
+    but for the views of another of them (``passed_views``)."""
+    views = {n.index for n in passed_views(group)}
+    return [n for n in _leaving(group) if n.index not in views]
 
 
 def analyse(group: OpGroup) -> tuple[tuple[Dominant, ...], tuple[Edge, ...]]:

@@ -227,27 +227,32 @@ NOTHING_TO_STITCH = (SINGLE_OP, VIEWS_ONLY, DUPLICATE_VIEW)
 def _without_duplicate_views(graph: DataflowGraph, members: tuple[int, ...]
                              ) -> tuple[tuple[int, ...], list[int]]:
     """``members`` without the reshapes that pass out of the group a view of a value that is
-    in global memory anyway: of a group input, or of a value the group passes out itself.
-    Written by the group, the reshape's result would be a second copy of it, where TVM makes
-    it a view (no kernel, no bytes). A reshape of a group input may have readers inside the
-    group (they read the view); one of a value the group computes may not (they would read
-    what the kernel writes). Returns the rest and those."""
+    in global memory anyway: of a group input, or of a value the group passes out itself or
+    through another such reshape. Written by the group, the reshape's result would be a
+    second copy of it, where TVM makes it a view (no kernel, no bytes). A reshape of a group
+    input may have readers inside the group (they read the view); one of a value the group
+    computes may not (they would read what the kernel writes). Returns the rest and those."""
     inside = set(members)
-    dropped = []
-    for i in members:
+
+    def leaves(node: Node) -> bool:
+        return node.escapes or any(c not in inside for c in node.consumers)
+
+    def leaving_view(i: int) -> bool:
         node = graph.nodes[i]
-        leaves = node.escapes or any(c not in inside for c in node.consumers)
-        if node.info.copy is not Copy.VIEW or not leaves or len(set(node.producers)) > 1:
-            continue
-        sources = set(node.producers) & inside
+        return node.info.copy is Copy.VIEW and len(set(node.producers)) <= 1 and leaves(node) \
+            and not (set(node.producers) & inside and any(c in inside for c in node.consumers))
+
+    dropped = []
+    for i in [i for i in members if leaving_view(i)]:
+        sources = set(graph.nodes[i].producers) & inside
         if sources:
             producer = graph.nodes[sources.pop()]
-            if any(c in inside for c in node.consumers) or not (
-                    producer.escapes
+            views = [c for c in producer.consumers if c in inside and leaving_view(c)]
+            if not (producer.escapes or len(views) > 1
                     or any(c not in inside and c != i for c in producer.consumers)):
                 continue
-        inside.discard(i)
         dropped.append(i)
+    inside.difference_update(dropped)
     return tuple(i for i in members if i in inside), dropped
 
 

@@ -14,7 +14,7 @@ from tvm import relax
 from tvm.ir import IRModule
 
 from ..graph.dataflow import DataflowGraph, Node
-from ..graph.dominants import group_outputs
+from ..graph.dominants import group_outputs, passed_views
 from ..graph.grouping import OpGroup
 
 
@@ -65,10 +65,12 @@ class _Outliner(relax.PyExprMutator):
         call = relax.Call(gv, [self.visit_expr(x) for x in inputs])
         if len(outputs) == 1:
             self._rebind(outputs[0], call)
-            return
-        packed = self.builder_.emit(call, name_hint=f"{name}_out")
-        for i, node in enumerate(outputs):
-            self._rebind(node, relax.TupleGetItem(packed, i))
+        else:
+            packed = self.builder_.emit(call, name_hint=f"{name}_out")
+            for i, node in enumerate(outputs):
+                self._rebind(node, relax.TupleGetItem(packed, i))
+        for node in passed_views(group):  # views of outputs, made of what the call returns
+            self.visit_binding(node.binding)
 
     def _rebind(self, node: Node, value: relax.Expr) -> None:
         if isinstance(node.var, relax.DataflowVar):

@@ -33,6 +33,7 @@ from ..schedule.decisions import decide
 from ..schedule.rows import Unstitchable, error_summary
 from ..schedule.rule import contraction_rules, is_scheduled, pads_matmul, schedule_func
 from .outline import outline
+from .unwrap_indices import unwrap_indices
 from .yardstick import Yardstick, global_bytes
 
 logger = logging.getLogger(__name__)
@@ -145,7 +146,12 @@ def _fuse_groups(mod: IRModule, draft: Draft) -> tuple[IRModule, dict[int | str,
         return mod, {}
     outlined, actual = outline(mod, draft.graphs, requested)
     fused = relax.transform.FuseTIR()(outlined)
-    return fused, {key: actual[name] for key, (_, name) in zip(keys, requested, strict=True)}
+    names = {key: actual[name] for key, (_, name) in zip(keys, requested, strict=True)}
+    for name in names.values():
+        gv = fused.get_global_var(name)
+        if isinstance(fused[gv], tirx.PrimFunc):
+            fused[gv] = unwrap_indices(fused[gv])
+    return fused, names
 
 
 def _schedule_operands(fused: IRModule, draft: Draft, names: dict[int | str, str],
