@@ -83,3 +83,44 @@ def test_batch_norm_statistics_at_model_size_match_onnxruntime() -> None:
     assert not [f for f in plan.fallbacks if "single injective" not in f.reason], plan
     outcome = check_model(built, "stitch")
     assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+
+
+@pytest.mark.parametrize("shape,axes,out", [([2, 4, 1], [1], [2, 1, 1]),
+                                            ([64, 300, 1, 1], [1], [64, 1, 1, 1]),
+                                            ([8, 1, 4097, 1], [2], [8, 1, 1, 1])])
+def test_a_row_reduction_before_unit_axes_stitches(shape: list[int], axes: list[int],
+                                                   out: list[int]) -> None:
+    # fuzz graph 4242:292: a ReduceMin over axis 1 of (2, 4, 1) fell back with "reduces in0
+    # over an inner axis too"; an axis of extent 1 after the reduced ones is no column
+    built = _reduce("ReduceMin", shape, axes, 1, out)
+    plan = StitchPlan.of_module(verify.compile_model(built, "stitch"))
+    assert not plan.fallbacks and len(plan.groups) == 1, plan
+    outcome = check_model(built, "stitch")
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+
+
+@pytest.mark.parametrize("shape", [[1, 16, 8, 8], [1, 33, 4, 32], [1, 64, 300]])
+def test_a_column_softmax_after_a_unit_axis_stitches(shape: list[int]) -> None:
+    # fuzz graph 4242:132: a LogSoftmax over axis 1 of (1, 16, 512, 512) fell back with
+    # "reduces in0 over an inner axis too": the leading axis of extent 1 is no row
+    built = model([helper.make_node("LogSoftmax", ["x"], ["y"], axis=1)], {"x": shape},
+                  {"y": shape})
+    plan = StitchPlan.of_module(verify.compile_model(built, "stitch"))
+    assert not plan.fallbacks and len(plan.groups) == 1, plan
+    outcome = check_model(built, "stitch")
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+
+
+def test_an_element_wise_input_the_model_returns_is_read_through_the_transpose() -> None:
+    # fuzz graph 4242:161: the softmax over the middle axis of a cast that is a graph output
+    # fell back; the cast is written out anyway, so the transposed read costs nothing more
+    nodes = [helper.make_node("Greater", ["x", "half"], ["g"]),
+             helper.make_node("Cast", ["g"], ["c"], to=1),
+             helper.make_node("Softmax", ["c"], ["y"], axis=1)]
+    built = model(nodes, {"x": [8, 2, 8]}, {"c": [8, 2, 8], "y": [8, 2, 8]},
+                  {"half": np.array(0.5, np.float32)})
+    plan = StitchPlan.of_module(verify.compile_model(built, "stitch"))
+    assert not [f for f in plan.fallbacks if "single injective" not in f.reason], plan
+    assert any(any("_view:" in op for op in g.ops) for g in plan.groups), plan
+    outcome = check_model(built, "stitch")
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)

@@ -275,12 +275,13 @@ def _column_reduction(reductions: list[_Block], base: dict, why: str) -> OpInfo:
 def _not_column_reduction(block: _Block) -> str:
     """Why ``block`` is not a column reduction (empty if it is): every buffer it reads along
     its reduction axes must be indexed by reduction axes in its leading dimensions and by
-    spatial axes in the trailing ones."""
+    spatial axes in the trailing ones (an axis of extent 1 may sit anywhere)."""
+    long_spatial = [s for s in block.spatial if block.extents[s] > 1]
     for buf, indices in block.loads:
         kinds = []
         for idx in indices:
             has_r = any(_uses(idx, r) for r in block.reduce)
-            has_s = any(_uses(idx, s) for s in block.spatial)
+            has_s = any(_uses(idx, s) for s in long_spatial)
             if has_r and has_s:
                 return f"block {block.name} reads {buf.name} with mixed indices"
             kinds.append("R" if has_r else "S" if has_s else "")
@@ -302,11 +303,12 @@ def _not_row_reduction(block: _Block) -> str:
             seen_reduce = True
         elif seen_reduce and block.extents[v] > 1:
             return f"block {block.name} has a spatial axis after its reduction axes"
+    long_spatial = [s for s in block.spatial if block.extents[s] > 1]
     for buf, indices in block.loads:
         inner = False
         for idx in indices:
             has_r = any(_uses(idx, r) for r in block.reduce)
-            has_s = any(_uses(idx, s) for s in block.spatial)
+            has_s = any(_uses(idx, s) for s in long_spatial)  # a unit axis may sit anywhere
             if has_r and has_s:
                 return f"block {block.name} reads {buf.name} with mixed indices"
             if has_r:

@@ -66,17 +66,34 @@ _MATERIALISED = frozenset({
 is) and ops whose result is written to global memory anyway (a matmul's)."""
 
 
-def _read_through(builder: relax.PyExprMutator, data: relax.Expr) -> bool:
+def _read_through(builder: relax.PyExprMutator, data: relax.Expr,
+                  outputs: list[relax.Var]) -> bool:
     """Whether a reduction of ``data`` read through a transpose moves no more bytes than it
-    does now: ``data`` is a parameter, a constant, or the result of a copy or a matmul. The
-    result of an element-wise op is not: TVM fuses it into the reduction, but the stitched
-    transpose breaks its rows, so it would be written for the reduction to read back (the
-    attention-weighted sum over the sequence axis of DIEN moved 64 KB more)."""
+    does now: ``data`` is a parameter, a constant, a result of the function (``outputs``:
+    written anyway), or the result of a copy or a matmul. The result of an element-wise op
+    is not: TVM fuses it into the reduction, but the stitched transpose breaks its rows, so
+    it would be written for the reduction to read back (the attention-weighted sum over the
+    sequence axis of DIEN moved 64 KB more)."""
     bound = builder.lookup_binding(data) if isinstance(data, relax.Var) else None
-    if bound is None:
+    if bound is None or any(data.same_as(v) for v in outputs):
         return True
     return isinstance(bound, relax.Call) and isinstance(bound.op, tvm.ir.Op) \
         and bound.op.name in _MATERIALISED
+
+
+def _function_outputs(func: relax.Function) -> list[relax.Var]:
+    """The variables whose values a function returns (the fields of a returned tuple)."""
+    bound: dict[relax.Var, relax.Expr] = {}
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            if isinstance(binding, relax.VarBinding):
+                bound[binding.var] = binding.value
+    result = func.body.body
+    while isinstance(result, relax.Var) and result in bound \
+            and isinstance(bound[result], relax.Var | relax.Tuple):
+        result = bound[result]
+    fields = result.fields if isinstance(result, relax.Tuple) else [result]
+    return [f for f in fields if isinstance(f, relax.Var)]
 
 
 def _is(call: relax.Call, table: dict) -> bool:
@@ -87,6 +104,13 @@ def _is(call: relax.Call, table: dict) -> bool:
 class _MixedReduction(relax.PyExprMutator):
     """Rewrites reductions over axes mixed with kept ones, and softmaxes over a middle axis,
     into the same op over a transposed input."""
+
+    outputs: list[relax.Var] = []
+
+    def visit_function_(self, func: relax.Function) -> relax.Expr:
+        """``func`` rewritten, knowing the variables it returns."""
+        self.outputs = _function_outputs(func) if isinstance(func.body, relax.SeqExpr) else []
+        return super().visit_function_(func)
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         """The transposed form of a mixed reduction or softmax; other calls unchanged."""
@@ -104,7 +128,7 @@ class _MixedReduction(relax.PyExprMutator):
         if dims is None or reduced is None or _static_dims(call) is None:
             return call
         perm = reduction_permutation(dims, reduced)
-        if perm is None or not _read_through(self, data):
+        if perm is None or not _read_through(self, data, self.outputs):
             return call
         moved = self.builder_.emit(_permuted(data, dims, perm), name_hint="reduce_view")
         axes = list(range(len(dims) - len(reduced), len(dims)))
@@ -121,7 +145,7 @@ class _MixedReduction(relax.PyExprMutator):
             return call
         axis = int(call.attrs.axis) % len(dims)
         if axis == len(dims) - 1 or all(d == 1 for d in dims[:axis]) \
-                or not _read_through(self, data):
+                or not _read_through(self, data, self.outputs):
             return call  # a row softmax, or a column softmax (Global stitching maps both)
         # with the axes after it (even of extent 1: the TIR then reduces an inner axis)
         perm = [a for a in range(len(dims)) if a != axis] + [axis]
