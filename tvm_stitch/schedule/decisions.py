@@ -76,6 +76,7 @@ from .phases import (
     assign_roles,
     column_reductions,
     column_view,
+    copy_across_barrier,
     crossings,
     normalise_column,
 )
@@ -641,13 +642,19 @@ def _inline_column_space(sch: s_tir.Schedule, func: tirx.PrimFunc, roles: Roles,
 
 def _inline_crossings(sch: s_tir.Schedule, rows: int, dec: _Decisions) -> Roles:
     """Recompute every row intermediate read in a later phase where it is read; returns the
-    roles that result."""
+    roles that result. A row reduction's result cannot be recomputed element by element: it
+    is copied to global memory for the later readers (``copy_across_barrier``; a mean of
+    every row that a softmax over the rows reads, fuzz graph 4242:150)."""
+    kept: list[str] = []
     while True:
         roles = assign_roles(sch, rows)
-        found = crossings(sch, roles)
+        found = [(p, c) for p, c in crossings(sch, roles) if p not in kept]
         if not found:
-            return roles
+            break
         producer, consumer = found[0]
+        if sch.get(sch.get_sblock(producer)).init is not None:
+            kept.append(producer)
+            continue
         try:
             sch.compute_inline(sch.get_sblock(producer))
         except Exception as err:  # noqa: BLE001
@@ -655,6 +662,15 @@ def _inline_crossings(sch: s_tir.Schedule, rows: int, dec: _Decisions) -> Roles:
                                f"cannot be recomputed: {error_summary(err)}") from err
         dec.regional = [r for r in dec.regional if r.block != producer]
         dec.inlined.append(producer)
+    for producer in kept:
+        later = {c for p, c in crossings(sch, roles) if p == producer}
+        buffer = sch.get(sch.get_sblock(producer)).writes[0].source
+        copy = copy_across_barrier(sch, producer, later)
+        dec.global_reads.append(Buffer(buffer.name, "crossing", StorageLevel.GLOBAL, 0,
+                                       f"reduction result copied out ({copy}) for "
+                                       f"{', '.join(sorted(later))} after a grid barrier",
+                                       producer))
+    return assign_roles(sch, rows)
 
 
 MIN_TILE_ROWS = 8

@@ -56,7 +56,7 @@ from .persistent import (
     with_launch_bounds,
     with_root,
 )
-from .phases import normalise_column
+from .phases import copy_across_barrier, normalise_column
 from .registers import hold_inputs
 from .row_permutation import RowPermutation, permute_rows
 from .rows import Unstitchable, iters_of, row_element_map
@@ -130,10 +130,12 @@ def _cache_planned_outputs(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Grou
 
 
 def _apply_storage(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group) -> list[str]:
-    """Inline the Local blocks, give Regional intermediates their on-chip scope and stage
-    inputs; returns the caches staged once per thread block."""
+    """Inline the Local blocks, copy the reduction results later phases read to global
+    memory, give Regional intermediates their on-chip scope and stage inputs; returns the
+    caches staged once per thread block."""
     for name in group.inlined:
         sch.compute_inline(sch.get_sblock(name))
+    _copy_across_barriers(sch, group)
     block_caches: list[str] = []
     for buf in group.buffers:
         scope = SCOPES.get(buf.level)
@@ -486,6 +488,20 @@ def _emit_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group) -> s_ti
             _map_column_phase(sch, mapping.threads_per_block, list(phase.combines),
                               [n for n in phase.blocks if n not in phase.combines])
     return hold_inputs(sch, group)
+
+
+def _copy_across_barriers(sch: s_tir.Schedule, group: Group) -> None:
+    """The global copies of the reduction results the plan says later phases read."""
+    for buf in group.buffers:
+        if buf.role != "crossing":
+            continue
+        phase = next(p for p in group.phases if buf.block in p.blocks)
+        block = sch.get_sblock(buf.block)
+        result = sch.get(block).writes[0].source
+        later = {name_of(sch, r) for r in readers(sch, result, exclude=block)} \
+            - set(phase.blocks)
+        copy = copy_across_barrier(sch, buf.block, later)
+        assert copy in phase.blocks, (copy, phase.blocks)
 
 
 def _flatten_partials(sch: s_tir.Schedule, accumulate: SBlockRV) -> None:

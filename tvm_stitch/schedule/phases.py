@@ -272,5 +272,20 @@ def crossings(sch: s_tir.Schedule, roles: Roles) -> list[tuple[str, str]]:
     return found
 
 
+def copy_across_barrier(sch: s_tir.Schedule, producer: str, later: set[str]) -> str:
+    """Copy the result of the row reduction ``producer`` to global memory in its own phase
+    for the blocks ``later``, which read it after a grid barrier; returns the copy's name.
+    A reduction's result cannot be recomputed where it is read, as an element-wise one is,
+    and what the kernel keeps on chip does not survive the barrier. The copy writes one
+    value per row, once."""
+    buffer = sch.get(sch.get_sblock(producer)).writes[0].source
+    consumers = [sch.get_sblock(n) for n in sorted(later)]
+    index = next(i for i, r in enumerate(sch.get(consumers[0]).reads)
+                 if r.source.same_as(buffer))
+    return name_of(sch, sch.cache_read(consumers[0], index, "global",
+                                       consumer_blocks=consumers))
+
+
 __all__ = ["ROW", "COLUMN", "COLUMN_SPACE", "COMBINE", "Roles", "column_reductions",
-           "normalise_column", "column_view", "assign_roles", "crossings"]
+           "normalise_column", "column_view", "assign_roles", "crossings",
+           "copy_across_barrier"]
