@@ -152,3 +152,22 @@ def test_a_matmul_over_an_inner_dimension_of_one_is_a_multiply(a: list[int], b: 
     assert not plan.compute, plan  # no matmul kernel: a multiply, stitched with its epilogue
     outcome = check_model(built, "stitch")
     assert outcome.kind == "ok", outcome.error
+
+
+@pytest.mark.parametrize("shape,axis", [([8, 125, 1], -1), ([1, 1], -1), ([1, 255], -2),
+                                        ([4, 1, 96], -2)])
+def test_a_layer_norm_over_unit_axes_stitches(shape: list[int], axis: int) -> None:
+    # fuzz graphs 4242:152, :204 (a LayerNorm over a last axis of 1: its sum "does not
+    # iterate over the 1000 rows first") and 4242:210 (over (1, 255) with axis -2)
+    norm = shape[axis:]
+    nodes = [helper.make_node("LayerNormalization", ["x", "g", "b"], ["n"], axis=axis),
+             helper.make_node("Abs", ["n"], ["y"])]
+    built = model(nodes, {"x": shape}, {"y": shape},
+                  {"g": np.linspace(0.5, 1.5, int(np.prod(norm)), dtype=np.float32)
+                   .reshape(norm),
+                   "b": np.linspace(-0.5, 0.5, int(np.prod(norm)), dtype=np.float32)
+                   .reshape(norm)})
+    plan = StitchPlan.of_module(verify.compile_model(built, "stitch"))
+    assert not [f for f in plan.fallbacks if "nothing to stitch" not in f.reason], plan
+    outcome = check_model(built, "stitch")
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)

@@ -1,7 +1,9 @@
 """UnitReduction: a reduction whose reduced axes all have extent 1 becomes a reshape, one
 that reduces unit axes among others reduces the others only, a softmax (log-softmax) over
-an axis of extent 1 is ``exp(x - x)`` (``x - x``), and a matmul over an inner dimension of 1
-is a broadcast multiply.
+an axis of extent 1 is ``exp(x - x)`` (``x - x``), a layer norm over axes of extent 1 is
+``x * 0 * gamma + beta`` (over unit and longer ones, a layer norm over the longer ones),
+and a matmul over an inner dimension of 1 is a broadcast
+multiply.
 
 Summing, averaging, or taking the maximum, minimum or product over axes of one element
 returns each element unchanged: the result is the input with those axes dropped (or kept
@@ -87,6 +89,23 @@ def _is_unit_softmax(call: relax.Call) -> bool:
     return isinstance(extent, tirx.IntImm) and int(extent) == 1
 
 
+_LAYER_NORM = tvm.ir.Op.get("relax.nn.layer_norm")
+
+
+def _layer_norm_axes(call: relax.Call) -> tuple[list[int], list[int]]:
+    """The axes of static extent 1 among those the layer norm ``call`` normalises over, and
+    the others; both empty for any other call."""
+    if not (isinstance(call.op, tvm.ir.Op) and call.op.same_as(_LAYER_NORM)):
+        return [], []
+    data = call.args[0].ty
+    if not isinstance(data, relax.TensorType) or data.shape is None:
+        return [], []
+    dims = list(data.shape)
+    axes = [int(a) % data.ndim for a in call.attrs.axes]
+    unit = [a for a in axes if isinstance(dims[a], tirx.IntImm) and int(dims[a]) == 1]
+    return unit, [a for a in axes if a not in unit]
+
+
 _MATMUL = tvm.ir.Op.get("relax.matmul")
 
 
@@ -125,6 +144,25 @@ class _UnitReduction(relax.PyExprMutator):
             if call.op.same_as(_SOFTMAX):
                 return relax.op.exp(self.builder_.emit(diff, name_hint="unit_softmax"))
             return diff
+        unit, rest = _layer_norm_axes(call)
+        if unit and rest:  # the same statistics over the longer axes alone
+            data, gamma, beta = call.args
+            shape = [list(data.ty.shape)[a] for a in rest]
+            return relax.op.nn.layer_norm(
+                data, self.builder_.emit(relax.op.reshape(gamma, shape), name_hint="gamma"),
+                self.builder_.emit(relax.op.reshape(beta, shape), name_hint="beta"), rest,
+                call.attrs.epsilon, call.attrs.center, call.attrs.scale)
+        if unit:
+            # each element is its own mean: the normalised value is 0 (NaN for an infinite or
+            # NaN input), x * 0, which reads x once (x - x would read it at two places)
+            data, gamma, beta = call.args
+            result = relax.op.multiply(data, relax.const(0, data.ty.dtype))
+            if call.attrs.scale:
+                result = relax.op.multiply(self.builder_.emit(result, name_hint="unit_norm"),
+                                           gamma)
+            if call.attrs.center:
+                result = relax.op.add(self.builder_.emit(result, name_hint="unit_norm"), beta)
+            return result
         unit = unit_axes(call)
         if not unit:
             return call
