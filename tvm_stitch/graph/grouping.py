@@ -361,20 +361,42 @@ def _try_merge(quotient: _Quotient, clusters: dict[int, _Cluster], a: int, b: in
 
 def _merge_permuted_reads(graph: DataflowGraph, quotient: _Quotient,
                           clusters: dict[int, _Cluster]) -> None:
-    """Merge each transpose that only a reduction reads into that reduction first: the
-    reduction then reads the transpose's input through it (``MixedReduction`` makes such
-    transposes), where merging along edges in order would give the transpose to its producer's
-    cluster and write the transposed tensor out for the reduction to read back."""
+    """Merge each transpose that only a reduction reads, directly or through element-wise
+    ops that only it reads, into that reduction first, with those ops: the reduction then
+    reads the transpose's input through it (``MixedReduction`` makes such transposes), where
+    merging along edges in order would give the transpose to its producer's cluster and write
+    the transposed tensor out for the reduction to read back."""
     for node in graph.nodes:
         if node.index not in clusters or node.info.kind not in (OpKind.ROW_REDUCE,
                                                                 OpKind.COLUMN_REDUCE):
             continue
-        for p in node.producers:
-            copy = graph.nodes[p]
-            if p in clusters and copy.info.copy in (Copy.ROWS, Copy.PERMUTED) \
-                    and not copy.escapes \
-                    and set(copy.consumers) == {node.index}:
-                _try_merge(quotient, clusters, quotient.find(node.index), p)
+        cone = _exclusive_cone(graph, clusters, node.index)
+        if any(graph.nodes[i].info.copy in (Copy.ROWS, Copy.PERMUTED) for i in cone):
+            for i in cone:
+                _try_merge(quotient, clusters, quotient.find(node.index), i)
+
+
+def _exclusive_cone(graph: DataflowGraph, clusters: dict[int, _Cluster], sink: int
+                    ) -> list[int]:
+    """The ops that only ``sink`` reads, directly or through each other, that are copies or
+    element-wise ops and do not leave the block, in topological order from ``sink``: a
+    transpose and what it feeds into a reduction."""
+    cone: list[int] = []
+    inside = {sink}
+    frontier = [sink]
+    while frontier:
+        for p in sorted(set(graph.nodes[frontier.pop()].producers), reverse=True):
+            node = graph.nodes[p]
+            if p in inside or p not in clusters or node.escapes \
+                    or not set(node.consumers) <= inside:
+                continue
+            if node.info.copy not in (Copy.ROWS, Copy.PERMUTED) \
+                    and node.info.kind is not OpKind.ELEMWISE:
+                continue
+            inside.add(p)
+            cone.append(p)
+            frontier.append(p)
+    return cone
 
 
 def _merge_along_edges(graph: DataflowGraph, quotient: _Quotient,

@@ -61,9 +61,11 @@ def _permuted(data: relax.Expr, dims: list[int | None], perm: list[int]) -> rela
 _MATERIALISED = frozenset({
     "relax.reshape", "relax.permute_dims", "relax.broadcast_to", "relax.expand_dims",
     "relax.squeeze", "relax.strided_slice", "relax.concat", "relax.matmul", "relax.nn.conv1d",
-    "relax.nn.conv2d", "relax.nn.conv3d", "relax.nn.softmax", "relax.nn.log_softmax"})
+    "relax.nn.conv2d", "relax.nn.conv3d", "relax.nn.softmax", "relax.nn.log_softmax",
+    "relax.nn.layer_norm", "relax.nn.rms_norm", "relax.nn.group_norm"})
 """Ops whose result a transposed reduction may read: copies (read through, as a parameter
-is) and ops whose result is written to global memory anyway (a matmul's)."""
+is) and ops whose result is written to global memory anyway (a matmul's, a normalisation's:
+TVM fuses no reduction after another)."""
 
 
 def _read_through(builder: relax.PyExprMutator, data: relax.Expr,
@@ -79,6 +81,18 @@ def _read_through(builder: relax.PyExprMutator, data: relax.Expr,
         return True
     return isinstance(bound, relax.Call) and isinstance(bound.op, tvm.ir.Op) \
         and bound.op.name in _MATERIALISED
+
+
+_ELEMENT_WISE = frozenset(f"relax.{name}" for name in (
+    "abs", "exp", "log", "tanh", "sigmoid", "sqrt", "rsqrt", "negative", "sin", "cos", "erf",
+    "floor", "ceil", "round", "sign", "square", "clip", "nn.relu", "nn.gelu", "nn.silu",
+    "astype", "add", "subtract", "multiply", "divide", "power", "maximum", "minimum",
+    "greater", "greater_equal", "less", "less_equal", "equal", "not_equal", "where"))
+"""Element-wise ops a transposed view moves through: each element of the result depends on
+the elements of its operands at the same (broadcast) index only."""
+
+MAX_PUSHED = 8
+"""Element-wise ops a transposed view moves through at most, for one reduction."""
 
 
 def _function_outputs(func: relax.Function) -> list[relax.Var]:
@@ -121,6 +135,42 @@ class _MixedReduction(relax.PyExprMutator):
             return self._softmax(call)
         return call
 
+    def _view(self, data: relax.Expr, dims: list[int | None], perm: list[int],
+              name: str) -> relax.Expr | None:
+        """``data`` transposed by ``perm``: read through the transpose where that costs
+        nothing more (``_read_through``), else the element-wise ops that made it applied to
+        transposed views of their operands (TVM's fusion computes them inside the
+        reduction; so does the stitched kernel, reading their inputs through the
+        transposes); None when neither holds."""
+        budget = [MAX_PUSHED]
+
+        def pushed(expr: relax.Expr) -> relax.Expr | None:
+            if _read_through(self, expr, self.outputs):
+                shape = _static_dims(expr)
+                if shape is None or None in shape:
+                    return None
+                if not shape:  # a scalar broadcasts in any order
+                    return expr
+                full = [1] * (len(dims) - len(shape)) + shape
+                if len(full) != len(dims):
+                    return None
+                if len(shape) < len(dims):
+                    expr = self.builder_.emit(relax.op.reshape(expr, full), name_hint=name)
+                return self.builder_.emit(_permuted(expr, full, perm), name_hint=name)
+            bound = self.lookup_binding(expr) if isinstance(expr, relax.Var) else None
+            if not (isinstance(bound, relax.Call) and _is(bound, _ELEMENT_WISE)) \
+                    or budget[0] == 0:
+                return None
+            budget[0] -= 1
+            args = [pushed(a) for a in bound.args]
+            if any(a is None for a in args):
+                return None
+            return self.builder_.emit(relax.Call(bound.op, args, bound.attrs), name_hint=name)
+
+        if _read_through(self, data, self.outputs):
+            return self.builder_.emit(_permuted(data, dims, perm), name_hint=name)
+        return pushed(data)
+
     def _reduction(self, call: relax.Call) -> relax.Expr:
         data = call.args[0]
         dims = _static_dims(data)
@@ -128,9 +178,9 @@ class _MixedReduction(relax.PyExprMutator):
         if dims is None or reduced is None or _static_dims(call) is None:
             return call
         perm = reduction_permutation(dims, reduced)
-        if perm is None or not _read_through(self, data, self.outputs):
+        moved = None if perm is None else self._view(data, dims, perm, "reduce_view")
+        if moved is None:
             return call
-        moved = self.builder_.emit(_permuted(data, dims, perm), name_hint="reduce_view")
         axes = list(range(len(dims) - len(reduced), len(dims)))
         result = REDUCTIONS[call.op.name](moved, axis=axes, keepdims=False)
         if call.attrs.keepdims:
@@ -144,12 +194,13 @@ class _MixedReduction(relax.PyExprMutator):
         if dims is None:
             return call
         axis = int(call.attrs.axis) % len(dims)
-        if axis == len(dims) - 1 or all(d == 1 for d in dims[:axis]) \
-                or not _read_through(self, data, self.outputs):
+        if axis == len(dims) - 1 or all(d == 1 for d in dims[:axis]):
             return call  # a row softmax, or a column softmax (Global stitching maps both)
         # with the axes after it (even of extent 1: the TIR then reduces an inner axis)
         perm = [a for a in range(len(dims)) if a != axis] + [axis]
-        moved = self.builder_.emit(_permuted(data, dims, perm), name_hint="softmax_view")
+        moved = self._view(data, dims, perm, "softmax_view")
+        if moved is None:
+            return call
         result = self.builder_.emit(_SOFTMAX[call.op.name](moved, axis=-1),
                                     name_hint="softmax_rows")
         inverse = [perm.index(a) for a in range(len(dims))]
@@ -164,7 +215,7 @@ class MixedReduction:
 
     def transform_module(self, mod: IRModule, _ctx: tvm.transform.PassContext) -> IRModule:
         """Run the pass on ``mod``."""
-        return rewrite_functions(_MixedReduction(mod), mod)
+        return rewrite_functions(_MixedReduction(mod), mod, relax.analysis.remove_all_unused)
 
 
 __all__ = ["MixedReduction", "reduction_permutation"]
