@@ -136,3 +136,24 @@ def test_an_element_wise_input_the_model_returns_is_read_through_the_transpose()
     assert any(any("_view:" in op for op in g.ops) for g in plan.groups), plan
     outcome = check_model(built, "stitch")
     assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+
+
+@pytest.mark.parametrize("shape,perm,axes,keepdims,out", [
+    ([8, 1000], [1, 0], [0], 1, [1, 8]),
+    ([4, 16, 300], [2, 0, 1], [0], 0, [4, 16]),
+    ([2, 64, 7, 7], [0, 2, 3, 1], [1, 2], 1, [2, 1, 1, 64]),
+])
+def test_a_column_reduction_of_a_transpose_is_a_row_reduction_of_its_input(
+        shape: list[int], perm: list[int], axes: list[int], keepdims: int,
+        out: list[int]) -> None:
+    # fuzz graph 4242:258: the mean over axis 0 of a transposed (8, 1000) fell back with
+    # "column reduction lv2_red reads in0 outside the row it reduces"
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=perm),
+             helper.make_node("ReduceMean", ["t", "axes"], ["y"], keepdims=keepdims)]
+    built = model(nodes, {"x": shape}, {"y": out}, {"axes": np.array(axes, np.int64)})
+    plan = StitchPlan.of_module(verify.compile_model(built, "stitch"))
+    assert all(f.reason in NOTHING_TO_STITCH for f in plan.fallbacks), plan
+    assert any(any(":mean" in op for op in g.ops) for g in plan.groups), plan
+    assert _bytes(built, "stitch") <= _bytes(built, "baseline")
+    outcome = check_model(built, "stitch")
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)

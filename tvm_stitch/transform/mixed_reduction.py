@@ -19,6 +19,7 @@ a reduction reads into that reduction first); the one back may be a kernel of it
 from __future__ import annotations
 
 import tvm
+import tvm_ffi
 from tvm import relax, tirx
 from tvm.ir import IRModule
 
@@ -47,6 +48,13 @@ def reduction_permutation(dims: list[int | None], reduced: list[int]) -> list[in
     if "SR" not in kinds or "RS" not in kinds:
         return None
     return [a for a in range(len(dims)) if a not in reduced] + sorted(reduced)
+
+
+def _trailing(dims: list[int | None], reduced: list[int]) -> bool:
+    """Whether a reduction over ``reduced`` of extents ``dims`` is a row reduction: no kept
+    axis after a reduced one (axes of extent 1 ignored)."""
+    kinds = "".join("R" if a in reduced else "S" for a, d in enumerate(dims) if d != 1)
+    return "RS" not in kinds
 
 
 def _permuted(data: relax.Expr, dims: list[int | None], perm: list[int]) -> relax.Expr:
@@ -177,6 +185,9 @@ class _MixedReduction(relax.PyExprMutator):
         reduced = reduced_axes(call)
         if dims is None or reduced is None or _static_dims(call) is None:
             return call
+        untransposed = self._untransposed(call, dims, reduced)
+        if untransposed is not None:
+            return untransposed
         perm = reduction_permutation(dims, reduced)
         moved = None if perm is None else self._view(data, dims, perm, "reduce_view")
         if moved is None:
@@ -187,6 +198,34 @@ class _MixedReduction(relax.PyExprMutator):
             return relax.op.reshape(self.builder_.emit(result, name_hint="reduced"),
                                     call.ty.shape)
         return result  # not emitted: it stays the binding of the reduction, not an alias
+
+    def _untransposed(self, call: relax.Call, dims: list[int | None], reduced: list[int]
+                      ) -> relax.Expr | None:
+        """A reduction of a transpose that is not a row reduction but reduces trailing axes
+        of the transpose's input, as that row reduction with its (smaller) result
+        transposed; None for any other reduction. A column mean of ``x.T`` is the row mean
+        of ``x`` (fuzz graph 4242:258: "column reduction reads in0 outside the row it
+        reduces")."""
+        bound = self.lookup_binding(call.args[0]) if isinstance(call.args[0], relax.Var) \
+            else None
+        if not (isinstance(bound, relax.Call) and _is(bound, {"relax.permute_dims": None})
+                and bound.attrs.axes is not None):
+            return None
+        source = bound.args[0]
+        source_dims = _static_dims(source)
+        order = [int(a) % len(dims) for a in bound.attrs.axes]
+        mapped = sorted(order[a] for a in reduced)
+        if source_dims is None or None in source_dims or _trailing(dims, reduced) \
+                or not _trailing(source_dims, mapped):
+            return None
+        rows = self.builder_.emit(REDUCTIONS[call.op.name](source, axis=mapped, keepdims=True),
+                                  name_hint="reduced_rows")
+        kept = [1 if a in mapped else d for a, d in enumerate(source_dims)]
+        result = _permuted(rows, kept, order)
+        if tvm_ffi.structural_equal(self.builder_.normalize(result).ty.shape, call.ty.shape):
+            return result
+        return relax.op.reshape(self.builder_.emit(result, name_hint="reduced"),
+                                call.ty.shape)
 
     def _softmax(self, call: relax.Call) -> relax.Expr:
         data = call.args[0]
