@@ -92,7 +92,7 @@ from .rows import (
     row_elements,
     rows_sharing,
 )
-from .task_split import combine_per_reader, split_parts, split_rows
+from .task_split import combine_per_reader, split_output_copies, split_parts, split_rows
 
 logger = logging.getLogger(__name__)
 
@@ -413,7 +413,7 @@ def _decide_split(func: tirx.PrimFunc, group: Group, rows: int, budget: int,
     try:
         split_rows(sch, func, rows, parts)
         done = _decide_global(sch, func, group, rows * parts, budget, max_threads, gpu,
-                              threads=threads, split=True)
+                              threads=threads, split=parts)
     except Exception as err:  # noqa: BLE001 - cannot split: a block per row instead
         logger.debug("no task splitting for %s: %s", group.ops, error_summary(err))
         return None
@@ -422,7 +422,7 @@ def _decide_split(func: tirx.PrimFunc, group: Group, rows: int, budget: int,
 
 def _decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: int,
                    budget: int, max_threads: int, gpu: GPU, threads: int | None = None,
-                   split: bool = False) -> Group:
+                   split: int = 1) -> Group:
     """Group with column reductions (Global stitching): row phases and column phases
     (``phases``) on a persistent grid of at most one wave, one row per block at a time.
 
@@ -433,8 +433,8 @@ def _decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows:
     registers instead (``_partial_sums_in_registers``). A row intermediate read in a later
     phase is recomputed there (inlined): nothing but global memory survives a grid barrier.
     ``threads`` fixes the block size (else the row mapping's). Row blocks must stay in their
-    rows, except in ``split`` rows (task splitting), whose sub-rows write their row's
-    elements by design.
+    rows, except in rows split into ``split`` sub-rows (task splitting), which write their
+    row's elements by design.
     """
     if is_symbolic(rows):
         raise Unstitchable("symbolic row count: Global stitching needs a persistent grid "
@@ -444,6 +444,8 @@ def _decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows:
         normalise_column(sch, sch.get_sblock(name))
     roles = assign_roles(sch, rows)
     reused = cache_reused_outputs(sch, func, SHARED, writers=set(roles.of_kind(ROW)))
+    if split > 1:
+        split_output_copies(sch, reused, rows // split, split)
     roles = assign_roles(sch, rows)
     dec = _Decisions()
     _decide_inlining(sch, func, _row_infos(sch, rows, roles), rows, dec)
@@ -452,7 +454,7 @@ def _decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows:
     sch = combine_per_reader(sch, func)
     roles = assign_roles(sch, rows)
     infos = _row_infos(sch, rows, roles)
-    if not split:
+    if split == 1:
         _check_alignment(sch, infos, rows, among_rows=True)
     columns = {name: column_view(sch, sch.get_sblock(name)) for name in roles.columns}
     _decide_staging(sch, func, {**infos, **columns}, rows, dec, roles.levels)

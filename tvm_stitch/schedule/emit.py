@@ -60,7 +60,7 @@ from .phases import copy_across_barrier, normalise_column
 from .registers import hold_inputs
 from .row_permutation import RowPermutation, permute_rows
 from .rows import Unstitchable, iters_of, row_element_map
-from .task_split import combine_per_reader, split_rows
+from .task_split import combine_per_reader, split_output_copies, split_rows
 
 
 @dataclass(frozen=True)
@@ -122,11 +122,13 @@ def emit(func: tirx.PrimFunc, group: Group) -> s_tir.Schedule:
 
 
 def _cache_planned_outputs(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group,
-                           scope: str) -> None:
-    """The on-chip copies of the outputs the plan says are read inside the kernel."""
+                           scope: str) -> list[str]:
+    """The on-chip copies of the outputs the plan says are read inside the kernel; returns
+    those outputs."""
     planned = {b.name for b in group.buffers if b.role == "output"}
     cached = cache_reused_outputs(sch, func, scope, outputs=planned)
     assert set(cached) == planned, (cached, planned)
+    return cached
 
 
 def _apply_storage(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group) -> list[str]:
@@ -452,7 +454,9 @@ def _emit_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group) -> s_ti
     columns = [n for p in group.phases for n in p.partials]
     for name in columns:
         normalise_column(sch, sch.get_sblock(name))
-    _cache_planned_outputs(sch, func, group, SHARED)
+    cached = _cache_planned_outputs(sch, func, group, SHARED)
+    if group.row_split > 1:
+        split_output_copies(sch, cached, mapping.rows // group.row_split, group.row_split)
     block_caches = _apply_storage(sch, func, group)
     sch = combine_per_reader(sch, func)
     sums = {b.block: b for b in group.buffers if b.role == "accumulator"}

@@ -62,6 +62,28 @@ def split_rows(sch: s_tir.Schedule, func: tirx.PrimFunc, rows: int, parts: int) 
             sch.transform_block_layout(block, _sub_rows(parts, chunk, block, sch))
 
 
+def split_output_copies(sch: s_tir.Schedule, outputs: list[str], rows: int,
+                        parts: int) -> None:
+    """Lay out as sub-rows the on-chip copies of the split group's ``outputs`` that blocks
+    inside read (``blocks.cache_reused_outputs`` after ``split_rows``): the copy written by
+    the output's producer, and the block writing it out, which iterates the output's shape."""
+    for name in outputs:
+        (copy_out,) = [b for b in child_blocks(sch)
+                       if any(w.source.name == name for w in sch.get(b).writes)]
+        cached = sch.get(copy_out).reads[0].source
+        (producer,) = [b for b in child_blocks(sch)
+                       if any(w.source.same_as(cached) for w in sch.get(b).writes)]
+        shape = [int(d) for d in cached.shape]
+        length = prod(shape) // rows
+        if length % parts:
+            raise Unstitchable(f"output {name}: rows of {length} elements do not split into "
+                               f"{parts} parts")
+        _split_writes(sch, producer, set(), rows, parts, length // parts)
+        if shape != [rows, length]:
+            sch.transform_block_layout(copy_out, _as_rows(shape, length, copy_out, sch))
+        sch.transform_block_layout(copy_out, _sub_rows(parts, length // parts, copy_out, sch))
+
+
 def _index_dtype(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> str:
     return str(sch.get(block).iter_vars[0].var.ty.dtype)
 
