@@ -34,8 +34,9 @@ def test_analyze_counts_the_stitched_kernel() -> None:
     (kernel,) = report.kernels
     assert kernel.traffic.exact
     # float32 (4, 1) and (4,) tensors: 16 B each. The kernel computes b = -(-x) and c = -x from
-    # x, loading x once per output (32 B read), and writes b and c (32 B); compulsory is x once
+    # x, loading x once into a register for both outputs (16 B read; the reshape's unwrapped
+    # index is the thread's own element), and writes b and c (32 B); compulsory is x once
     # plus b and c (48 B)
-    assert kernel.traffic.buffers["x"].read_bytes == 2 * 16
-    assert (report.read_bytes, report.write_bytes) == (32, 32)
+    assert kernel.traffic.buffers["x"].read_bytes == 16
+    assert (report.read_bytes, report.write_bytes) == (16, 32)
     assert report.compulsory_bytes == 48
