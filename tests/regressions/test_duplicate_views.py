@@ -98,3 +98,23 @@ def test_a_reshape_read_inside_and_passed_out_next_to_its_source_is_a_view() -> 
     assert _bytes(model, "stitch") <= _bytes(model, "baseline") * 3 // 4
     outcome = check_model(model, "stitch")
     assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+
+
+def test_a_reshape_of_a_reshaped_input_passed_out_is_a_view() -> None:
+    # fuzz graph 4242:426: the group read its input through a reshape and passed out a reshape
+    # of that reshape, a second copy of the input (32768 B against TVM's 16384 B)
+    nodes = [helper.make_node("Reshape", ["x", "s1"], ["v"]),
+             helper.make_node("Neg", ["v"], ["n"]),
+             helper.make_node("Reshape", ["v", "s2"], ["r"]),
+             helper.make_node("Abs", ["n"], ["a"]),
+             helper.make_node("Add", ["a", "half"], ["h"]),
+             helper.make_node("Div", ["v", "h"], ["y"])]
+    model = _model(nodes, {"x": [2, 1024]}, {"r": [2048], "y": [1, 2, 1024]},
+                   {"s1": np.array([1, 2, 1024], np.int64), "s2": np.array([-1], np.int64),
+                    "half": np.array(0.5, np.float32)})
+    plan = StitchPlan.of_module(verify.compile_model(model, "stitch"))
+    assert all(f.reason == DUPLICATE_VIEW for f in plan.fallbacks), plan.fallbacks
+    assert len(plan.groups) == 1
+    assert _bytes(model, "stitch") <= _bytes(model, "baseline")
+    outcome = check_model(model, "stitch")
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)

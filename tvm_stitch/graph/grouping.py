@@ -235,7 +235,10 @@ def _without_duplicate_views(graph: DataflowGraph, members: tuple[int, ...]
     inside = set(members)
 
     def leaves(node: Node) -> bool:
-        return node.escapes or any(c not in inside for c in node.consumers)
+        """Whether the result leaves the group, itself or through views of it that do."""
+        return node.escapes or any(c not in inside or (graph.nodes[c].info.copy is Copy.VIEW
+                                                       and leaves(graph.nodes[c]))
+                                   for c in node.consumers)
 
     def leaving_view(i: int) -> bool:
         node = graph.nodes[i]
@@ -243,7 +246,9 @@ def _without_duplicate_views(graph: DataflowGraph, members: tuple[int, ...]
             and not (set(node.producers) & inside and any(c in inside for c in node.consumers))
 
     dropped = []
-    for i in [i for i in members if leaving_view(i)]:
+    for i in members:  # in topological order: a view dropped makes its source's views leave
+        if not leaving_view(i):
+            continue
         sources = set(graph.nodes[i].producers) & inside
         if sources:
             producer = graph.nodes[sources.pop()]
@@ -251,8 +256,8 @@ def _without_duplicate_views(graph: DataflowGraph, members: tuple[int, ...]
             if not (producer.escapes or len(views) > 1
                     or any(c not in inside and c != i for c in producer.consumers)):
                 continue
+        inside.discard(i)
         dropped.append(i)
-    inside.difference_update(dropped)
     return tuple(i for i in members if i in inside), dropped
 
 
