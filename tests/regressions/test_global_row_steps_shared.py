@@ -11,7 +11,7 @@ by the row's place in the block, the rows in sequence reuse one row of shared me
 from __future__ import annotations
 
 import numpy as np
-from onnx import helper
+from onnx import TensorProto, helper
 from regression_models import model
 
 from tvm_stitch import verify
@@ -34,5 +34,27 @@ def test_rows_in_sequence_of_a_global_tile_share_one_row_of_shared_memory() -> N
     (group,) = plan.groups
     assert group.phases and group.mapping.row_steps > 1, group
     assert group.launch.shared_bytes <= group.shared_bytes, (group.launch, group.shared_bytes)
+    outcome = check_model(built, "stitch")
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+
+
+def test_column_results_of_a_tile_walking_rows_in_sequence_are_not_indexed_by_row() -> None:
+    # fuzz graphs 4242:1017 and :1063: indexing every on-chip buffer whose first extent was
+    # the row count by the row's place in the block also hit the staged column maximum of a
+    # softmax over axis 0 of (4, 2, 8) (max error inf) and the copies of a (32, 4, 128)
+    # float16 column max; only the plan's per-row buffers are indexed so
+    for shape in ([4, 2, 8], [4, 4, 8], [5, 3, 7]):
+        built = model([helper.make_node("Softmax", ["x"], ["y"], axis=-3)], {"x": shape},
+                      {"y": shape})
+        outcome = check_model(built, "stitch")
+        assert outcome.kind == "ok" and not outcome.violations, (shape, outcome.error)
+    nodes = [helper.make_node("ReduceMax", ["x", "a0"], ["m"], keepdims=1),
+             helper.make_node("ReduceMean", ["m", "a01"], ["y"], keepdims=0),
+             helper.make_node("Neg", ["x"], ["n1"]),
+             helper.make_node("Neg", ["x"], ["n2"])]
+    built = model(nodes, {"x": [32, 4, 128]}, {"y": [128], "n1": [32, 4, 128],
+                                                "n2": [32, 4, 128]},
+                  {"a0": np.array([-3], np.int64), "a01": np.array([0, 1], np.int64)},
+                  elem_type=TensorProto.FLOAT16)
     outcome = check_model(built, "stitch")
     assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)

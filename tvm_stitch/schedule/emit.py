@@ -278,24 +278,24 @@ def _map_rows(sch: s_tir.Schedule, mapping: ThreadMapping, rows: int,
         _bind_threads(sch, mapping, row_in_block, thread)
 
 
-def _index_rows_in_block(sch: s_tir.Schedule, rows_per_block: int, rows: int = 0,
-                         keep: frozenset[str] = frozenset()) -> None:
-    """Index every on-chip buffer over a symbolic row count (or over the ``rows`` rows of a
-    group whose blocks walk several rows in sequence) by the row's place in its thread
-    block (``row % rows_per_block``; a block holds consecutive rows, one group at a time).
-    TVM sizes such a buffer from the region a thread block touches: all its rows in
-    sequence (fuzz graph 4242:228: three rows of a tile in 90 KB where the plan has one in
-    33 KB), and the guard of a partial last block (``row < n``) hides that region's bound.
-    The buffers written by ``keep`` (inputs staged once per thread block) hold every row."""
+def _index_rows_in_block(sch: s_tir.Schedule, rows_per_block: int,
+                         per_row: frozenset[str] | None = None) -> None:
+    """Index every on-chip buffer over a symbolic row count (or, given ``per_row``, those
+    buffers: the ones a Global group's plan keeps one row of while its blocks walk several
+    rows in sequence) by the row's place in its thread block (``row % rows_per_block``; a
+    block holds consecutive rows, one group at a time). TVM sizes such a buffer from the
+    region a thread block touches: all its rows in sequence (fuzz graph 4242:228: three rows
+    of a tile in 90 KB where the plan has one in 33 KB), and the guard of a partial last
+    block (``row < n``) hides that region's bound."""
     for block in child_blocks(sch):
-        if name_of(sch, block) in keep:
-            continue
         for index, region in enumerate(sch.get(block).writes):
             buffer = region.source
-            if buffer.scope() == "global" or len(buffer.shape) < 2:
+            if buffer.scope() == "global" or not buffer.shape:
                 continue
-            first = dim_value(buffer.shape[0]) or 0
-            if not is_symbolic(first) and not (rows and first == rows):
+            if per_row is None:
+                if not is_symbolic(dim_value(buffer.shape[0]) or 0):
+                    continue
+            elif buffer.name not in per_row:
                 continue
             sch.transform_layout(
                 block, ("write", index),
@@ -500,9 +500,18 @@ def _emit_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group) -> s_ti
             _map_column_phase(sch, mapping.threads_per_block, list(phase.combines),
                               [n for n in phase.blocks if n not in phase.combines])
     if mapping.row_steps > 1:
-        _index_rows_in_block(sch, mapping.rows_per_block, mapping.rows,
-                             frozenset(block_caches))
+        _index_rows_in_block(sch, mapping.rows_per_block, _row_buffers(group))
     return hold_inputs(sch, group)
+
+
+def _row_buffers(group: Group) -> frozenset[str]:
+    """Names of the on-chip buffers of a Global group that hold rows, one row per block at a
+    time: its Regional intermediates, the copies of outputs read inside and the inputs staged
+    per row (``_shared`` the name of a staged copy), not what is staged once per block, nor
+    column results and partial sums."""
+    names = {b.name for b in group.buffers if b.level is StorageLevel.SHARED
+             and not b.per_block and b.role in ("intermediate", "output", "input")}
+    return frozenset(names | {f"{n}_shared" for n in names})
 
 
 def _copy_across_barriers(sch: s_tir.Schedule, group: Group) -> None:
