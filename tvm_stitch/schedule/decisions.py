@@ -665,6 +665,7 @@ def _inline_crossings(sch: s_tir.Schedule, rows: int, dec: _Decisions) -> Roles:
         dec.regional = [r for r in dec.regional if r.block != producer]
         dec.inlined.append(producer)
     for producer in kept:
+        roles = assign_roles(sch, rows)  # with the copies made so far
         later = {c for p, c in crossings(sch, roles) if p == producer}
         buffer = sch.get(sch.get_sblock(producer)).writes[0].source
         copy = copy_across_barrier(sch, producer, later)
