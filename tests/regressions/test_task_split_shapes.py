@@ -51,3 +51,23 @@ def test_an_output_read_inside_a_split_row_is_copied_as_sub_rows() -> None:
     assert group.row_split > 1 and any(b.role == "output" for b in group.buffers), group
     outcome = check_model(built, "stitch")
     assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+
+
+def test_a_split_row_reduced_to_one_value_keeps_its_combination_a_reduction() -> None:
+    # fuzz graph 4242:1223: a LayerNormalization over (3, 4097) reshaped to (1, 3, 4097),
+    # next to exp(tanh(x)): the combination of the split sums loaded ``sum[0]`` where it
+    # stored ``sum[v]`` (a row of one element), no reducer matched, and the block per row
+    # it gave way to spilled 8 B on sm_80
+    nodes = [helper.make_node("Reshape", ["x", "s"], ["r"]),
+             helper.make_node("Tanh", ["x"], ["t"]),
+             helper.make_node("Exp", ["t"], ["e"]),
+             helper.make_node("LayerNormalization", ["r", "g"], ["n"], axis=1)]
+    built = model(nodes, {"x": [3, 4097]}, {"e": [3, 4097], "n": [1, 3, 4097]},
+                  {"s": np.array([1, 3, 4097], np.int64),
+                   "g": np.linspace(0.5, 1.5, 3 * 4097, dtype=np.float32).reshape(3, 4097)})
+    plan = StitchPlan.of_module(verify.compile_model(built, "stitch"))
+    assert not plan.fallbacks, plan
+    (group,) = plan.groups
+    assert group.row_split > 1, group
+    outcome = check_model(built, "stitch")
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)

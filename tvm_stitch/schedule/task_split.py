@@ -197,14 +197,17 @@ def _plain_reads(stmt: tirx.Stmt, buffers: set[str]) -> tirx.Stmt:
         ana = Analyzer()
         for iv in block.iter_vars:
             ana.bind(iv.var, iv.dom)
+        # not what the block writes itself: a combination's update must load where it stores
+        # (a row of one element: ``sum[v] = sum[0] + ...`` matched no reducer, fuzz 4242:1223)
+        mine = buffers - {w.source.name for w in block.writes}
 
         def on_load(load: tvm.ir.TensorLoad) -> tvm.ir.TensorLoad:
-            if load.source.name not in buffers:
+            if load.source.name not in mine:
                 return load
             return tirx.BufferLoad(load.source, [ana.simplify(i) for i in load.indices])
 
         reads = [tirx.BufferRegion(r.source, [tvm.ir.Range.from_min_extent(
-            ana.simplify(d.min), d.extent) for d in r.region]) if r.source.name in buffers
+            ana.simplify(d.min), d.extent) for d in r.region]) if r.source.name in mine
             else r for r in block.reads]
         body = tvm_ffi.structural_map(block.body, [(tvm.ir.TensorLoad, on_load)])
         return s_tir.stmt.SBlock(block.iter_vars, reads, block.writes, block.name_hint, body,
