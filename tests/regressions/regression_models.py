@@ -27,3 +27,10 @@ def model(nodes: list[onnx.NodeProto], inputs: dict[str, list], outputs: dict[st
     built.ir_version = 8
     onnx.checker.check_model(built)
     return built
+
+
+def global_bytes(built: onnx.ModelProto, flow: str) -> int:
+    """Global bytes all kernels of ``built`` compiled with ``flow`` move (from their TIR)."""
+    from tvm_stitch import verify
+    from tvm_stitch.analysis import analyze
+    return sum(k.traffic.global_bytes for k in analyze(verify.compile_model(built, flow)).kernels)

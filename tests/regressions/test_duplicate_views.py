@@ -7,17 +7,13 @@ from __future__ import annotations
 
 import numpy as np
 from onnx import helper
+from regression_models import global_bytes
 from regression_models import model as _model
 
 from tvm_stitch import verify
-from tvm_stitch.analysis import analyze
 from tvm_stitch.graph.grouping import DUPLICATE_VIEW, NOTHING_TO_STITCH
 from tvm_stitch.plan import StitchPlan
 from tvm_stitch.testing.differential import check_model
-
-
-def _bytes(model, flow: str) -> int:
-    return sum(k.traffic.global_bytes for k in analyze(verify.compile_model(model, flow)).kernels)
 
 
 def test_a_reshape_of_a_group_output_is_a_view_not_a_second_output() -> None:
@@ -31,7 +27,7 @@ def test_a_reshape_of_a_group_output_is_a_view_not_a_second_output() -> None:
     plan = StitchPlan.of_module(verify.compile_model(model, "stitch"))
     assert [f.reason for f in plan.fallbacks] == [DUPLICATE_VIEW], plan.fallbacks
     assert any("where" in op for g in plan.groups for op in g.ops), plan
-    assert _bytes(model, "stitch") <= _bytes(model, "baseline")
+    assert global_bytes(model, "stitch") <= global_bytes(model, "baseline")
     outcome = check_model(model, "stitch")
     assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
 
@@ -60,7 +56,7 @@ def test_a_reshape_of_a_group_input_passed_out_is_a_view() -> None:
     plan = StitchPlan.of_module(verify.compile_model(model, "stitch"))
     assert [f.reason for f in plan.fallbacks] == [DUPLICATE_VIEW], plan.fallbacks
     assert len(plan.groups) == 1
-    assert _bytes(model, "stitch") <= _bytes(model, "baseline")
+    assert global_bytes(model, "stitch") <= global_bytes(model, "baseline")
     outcome = check_model(model, "stitch")
     assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
 
@@ -75,7 +71,7 @@ def test_two_reshapes_of_one_computed_value_passed_out_are_views_of_it() -> None
                     "s2": np.array([16, 1, 30], np.int64)})
     plan = StitchPlan.of_module(verify.compile_model(model, "stitch"))
     assert [f.reason for f in plan.fallbacks] == [DUPLICATE_VIEW] * 2, plan.fallbacks
-    assert _bytes(model, "stitch") <= _bytes(model, "baseline")
+    assert global_bytes(model, "stitch") <= global_bytes(model, "baseline")
     outcome = check_model(model, "stitch")
     assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
 
@@ -95,7 +91,7 @@ def test_a_reshape_read_inside_and_passed_out_next_to_its_source_is_a_view() -> 
     assert not plan.fallbacks, plan
     (group,) = plan.groups
     assert not any("reshape" in out for out in group.outputs), group
-    assert _bytes(model, "stitch") <= _bytes(model, "baseline") * 3 // 4
+    assert global_bytes(model, "stitch") <= global_bytes(model, "baseline") * 3 // 4
     outcome = check_model(model, "stitch")
     assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
 
@@ -115,6 +111,6 @@ def test_a_reshape_of_a_reshaped_input_passed_out_is_a_view() -> None:
     plan = StitchPlan.of_module(verify.compile_model(model, "stitch"))
     assert all(f.reason == DUPLICATE_VIEW for f in plan.fallbacks), plan.fallbacks
     assert len(plan.groups) == 1
-    assert _bytes(model, "stitch") <= _bytes(model, "baseline")
+    assert global_bytes(model, "stitch") <= global_bytes(model, "baseline")
     outcome = check_model(model, "stitch")
     assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)

@@ -12,10 +12,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from onnx import helper
-from regression_models import model
+from regression_models import global_bytes, model
 
 from tvm_stitch import verify
-from tvm_stitch.analysis import analyze
 from tvm_stitch.graph.grouping import NOTHING_TO_STITCH
 from tvm_stitch.plan import StitchPlan
 from tvm_stitch.testing.differential import check_model
@@ -42,9 +41,6 @@ def _softmax(op: str, shape: list[int], axis: int):
     return model(nodes, {"x": shape}, {"y": shape})
 
 
-def _bytes(built, flow: str) -> int:
-    return sum(k.traffic.global_bytes for k in analyze(verify.compile_model(built, flow)).kernels)
-
 
 def test_an_element_wise_input_is_computed_from_transposed_operands() -> None:
     # DIEN's attention-weighted sum over the sequence axis: TVM fuses the multiply into the
@@ -58,7 +54,7 @@ def test_an_element_wise_input_is_computed_from_transposed_operands() -> None:
     assert all(f.reason in NOTHING_TO_STITCH for f in plan.fallbacks), plan
     assert len(plan.groups) == 1, plan
     assert any(op.endswith(":multiply") for op in plan.groups[0].ops), plan
-    assert _bytes(built, "stitch") <= _bytes(built, "baseline")
+    assert global_bytes(built, "stitch") <= global_bytes(built, "baseline")
     outcome = check_model(built, "stitch")
     assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
 
@@ -154,6 +150,6 @@ def test_a_column_reduction_of_a_transpose_is_a_row_reduction_of_its_input(
     plan = StitchPlan.of_module(verify.compile_model(built, "stitch"))
     assert all(f.reason in NOTHING_TO_STITCH for f in plan.fallbacks), plan
     assert any(any(":mean" in op for op in g.ops) for g in plan.groups), plan
-    assert _bytes(built, "stitch") <= _bytes(built, "baseline")
+    assert global_bytes(built, "stitch") <= global_bytes(built, "baseline")
     outcome = check_model(built, "stitch")
     assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
