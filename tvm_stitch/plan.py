@@ -52,6 +52,83 @@ class StorageLevel(StrEnum):
     GLOBAL = "global"  # read from / kept in global memory (demoted or not staged)
 
 
+class BufferRole(StrEnum):
+    """What a buffer of a stitched kernel is to it."""
+
+    INPUT = "input"  # a kernel input (staged, held in registers, or re-read)
+    INTERMEDIATE = "intermediate"  # produced and consumed inside the kernel
+    OUTPUT = "output"  # written out and read inside the kernel too
+    ACCUMULATOR = "accumulator"  # a column reduction's partial sum of a row tile
+    PARTIAL = "partial"  # those partial sums written out, combined in the next phase
+    PHASE_INPUT = "phase input"  # a column phase's result staged for a later row phase
+    CROSSING = "crossing"  # a row reduction's result copied out for a later phase
+
+
+class PhaseKind(StrEnum):
+    """What a phase of a Global-stitched kernel walks."""
+
+    ROWS = "rows"  # row tiles
+    COLUMNS = "columns"  # columns: sums of partials and what depends on them alone
+
+
+class DominantKind(StrEnum):
+    """Why an op is a dominant (AStitch section 4.2)."""
+
+    REDUCTION = "reduction"
+    EXPENSIVE = "expensive"  # an expensive element-wise op feeding a broadcast
+    OUTPUT = "output"  # its result leaves the group
+
+
+class DemotionKind(StrEnum):
+    """What a demotion gave up to fit a kernel's shared memory or registers."""
+
+    HELD_IN_REGISTERS = "held in registers"  # an input staged per row, held by its threads
+    REREAD = "re-read"  # an input staged per row, re-read from global memory
+    BLOCK_INPUT_REREAD = "block input re-read"  # an input staged per block, re-read
+    FEWER_ROWS_PER_BLOCK = "fewer rows per block"
+    RECOMPUTED = "recomputed"  # a Regional intermediate recomputed by its readers
+    PARTIAL_SUMS_IN_REGISTERS = "partial sums in registers"
+    FEWER_ROW_TILES = "fewer row tiles"  # so that a thread's re-read inputs fit registers
+    ROW_TILES_KEPT = "row tiles kept"  # fewer would not fit one wave
+
+
+@dataclass(frozen=True)
+class Demotion:
+    """One demotion of a group's plan: its ``kind``, the buffer it concerns (``subject``),
+    the count it changed (``before`` -> ``after``: rows per block, row tiles, partial sums per
+    thread), the bytes that did not fit ``budget`` (``used``), and ``detail`` (what was held
+    in registers, for the row tiles)."""
+
+    kind: DemotionKind
+    subject: str = ""
+    before: int = 0
+    after: int = 0
+    used: int = 0
+    budget: int = 0
+    detail: str = ""
+
+    def __str__(self) -> str:
+        over = f"({self.used} B of shared memory > {self.budget} B)"
+        kind = self.kind
+        if kind is DemotionKind.HELD_IN_REGISTERS:
+            return f"input {self.subject} held in registers {over}"
+        if kind is DemotionKind.REREAD:
+            return f"input {self.subject} re-read from global memory {over}"
+        if kind is DemotionKind.BLOCK_INPUT_REREAD:
+            return (f"input {self.subject} (shared by the block's rows) re-read from global "
+                    f"memory {over}")
+        if kind is DemotionKind.FEWER_ROWS_PER_BLOCK:
+            return f"rows per block {self.before} -> {self.after} {over}"
+        if kind is DemotionKind.RECOMPUTED:
+            return f"intermediate {self.subject} recomputed by its readers {over}"
+        if kind is DemotionKind.PARTIAL_SUMS_IN_REGISTERS:
+            return (f"partial sums of the column reductions in registers, {self.after} per "
+                    f"thread ({self.used} B of shared memory > a quarter of {self.budget} B)")
+        if kind is DemotionKind.FEWER_ROW_TILES:
+            return f"row tiles {self.before} -> {self.after}: {self.detail}"
+        return f"row tiles stay {self.before}: {self.detail}"
+
+
 @dataclass(frozen=True)
 class ThreadMapping:
     """Thread mapping of a group: ``rows`` tasks of ``row_length`` elements each.
@@ -120,12 +197,11 @@ class Edge:
 class Dominant:
     """A dominant op, the ops it absorbs through Local edges, and its sub-dominants.
 
-    ``kind`` is why the op is a dominant: ``reduction``, ``expensive`` (an expensive
-    element-wise op feeding a broadcast) or ``output`` (its result leaves the group).
+    ``kind`` is why the op is a dominant.
     """
 
     op: str
-    kind: str
+    kind: DominantKind
     members: tuple[str, ...]
     sub_dominants: tuple[str, ...] = ()
 
@@ -142,7 +218,7 @@ class Buffer:
     """
 
     name: str
-    role: str  # "input" (a kernel input), "intermediate", or "output" (written out, reused)
+    role: BufferRole
     level: StorageLevel
     shared_bytes: int = 0
     note: str = ""
@@ -203,7 +279,7 @@ class Phase:
     tasks are then row tiles x column tiles).
     """
 
-    kind: str
+    kind: PhaseKind
     blocks: tuple[str, ...]
     tasks: int
     partials: tuple[str, ...] = ()
@@ -238,7 +314,7 @@ class Group:
     buffers: tuple[Buffer, ...] = ()
     shared_bytes: int = 0
     shared_budget: int = 0
-    demotions: tuple[str, ...] = ()
+    demotions: tuple[Demotion, ...] = ()
     launch: Launch | None = None
     phases: tuple[Phase, ...] = ()
     row_split: int = 1
@@ -359,7 +435,7 @@ def format_plan(plan: StitchPlan) -> str:
         lines.append(f"  inputs: {', '.join(g.inputs)}; outputs: {', '.join(g.outputs)}")
         for d in g.dominants:
             sub = f"; sub-dominants {', '.join(d.sub_dominants)}" if d.sub_dominants else ""
-            lines.append(f"  dominant {d.op} ({d.kind}): {', '.join(d.members)}{sub}")
+            lines.append(f"  dominant {d.op} ({d.kind.value}): {', '.join(d.members)}{sub}")
         for e in g.edges:
             lines.append(f"  edge {e.producer} -> {e.consumer}: {e.scheme.value}")
         if g.mapping is not None:
@@ -370,7 +446,7 @@ def format_plan(plan: StitchPlan) -> str:
             size = f", {b.shared_bytes} B" if b.shared_bytes else ""
             size += f", {b.registers} per thread" if b.registers else ""
             note = f" ({b.note})" if b.note else ""
-            lines.append(f"  {b.role} {b.name}: {b.level.value}{size}{note}")
+            lines.append(f"  {b.role.value} {b.name}: {b.level.value}{size}{note}")
         if g.shared_budget:
             lines.append(f"  shared memory {g.shared_bytes} of {g.shared_budget} B per block")
         if g.row_split > 1:
@@ -385,7 +461,7 @@ def format_plan(plan: StitchPlan) -> str:
             barrier = "; grid barrier" if i + 1 < len(g.phases) else ""
             tiles = (f": {ph.tasks // ph.column_tiles} row tiles x {ph.column_tiles} column "
                      "tiles" if ph.column_tiles > 1 else "")
-            lines.append(f"  phase {i} ({ph.kind}, {ph.tasks} tasks{tiles}): "
+            lines.append(f"  phase {i} ({ph.kind.value}, {ph.tasks} tasks{tiles}): "
                          f"{', '.join(ph.blocks)}{barrier}")
         for d in g.demotions:
             lines.append(f"  demoted: {d}")
@@ -442,6 +518,7 @@ def _convert(annotation: str, value: Any) -> Any:
 
 _NESTED.update({
     cls.__name__: cls
-    for cls in (Scheme, MappingKind, StorageLevel, ThreadMapping, Edge, Dominant, Buffer, Launch,
-                Phase, Group, Fallback, ComputeOp, Refusal)
+    for cls in (Scheme, MappingKind, StorageLevel, BufferRole, PhaseKind, DominantKind,
+                DemotionKind, Demotion, ThreadMapping, Edge, Dominant, Buffer, Launch, Phase,
+                Group, Fallback, ComputeOp, Refusal)
 })

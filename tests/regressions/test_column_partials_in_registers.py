@@ -19,7 +19,7 @@ import pytest
 from tvm_stitch import pipeline
 from tvm_stitch.analysis import analyze
 from tvm_stitch.frontend.onnx import import_model
-from tvm_stitch.plan import StitchPlan, StorageLevel
+from tvm_stitch.plan import BufferRole, StitchPlan, StorageLevel
 from tvm_stitch.testing.differential import check_model
 from tvm_stitch.workloads import micro, models
 
@@ -40,7 +40,7 @@ def _column_sums(rows: int, width: int) -> onnx.ModelProto:
 
 def _accumulators(plan: StitchPlan) -> list:
     (group,) = plan.groups
-    return [b for b in group.buffers if b.role == "accumulator"]
+    return [b for b in group.buffers if b.role is BufferRole.ACCUMULATOR]
 
 
 def _lower(model: onnx.ModelProto, flow: str = "stitch"):

@@ -16,7 +16,7 @@ from regression_models import needs_stitch
 from tvm_stitch import verify
 from tvm_stitch.plan import StitchPlan
 from tvm_stitch.schedule.decisions import _column_tile_options, _tiles
-from tvm_stitch.schedule.phases import COLUMN, Roles
+from tvm_stitch.schedule.phases import BlockRole, Roles
 
 pytestmark = needs_stitch
 
@@ -30,7 +30,7 @@ def test_the_saved_graph_compiles_without_giving_up() -> None:
 
 
 def test_column_tiles_wider_than_a_wave_are_skipped() -> None:
-    roles = Roles(kinds={"min": COLUMN}, levels={"min": 0}, widths={"min": 6144})
+    roles = Roles(kinds={"min": BlockRole.COLUMN}, levels={"min": 0}, widths={"min": 6144})
     options = _column_tile_options(roles, 1024)
     assert options[0] == 192  # warp-wide tiles: more than the wave of 132
     tiles, column_tiles = _tiles(options, roles, 2, 1024, 132, 2 * 6144)

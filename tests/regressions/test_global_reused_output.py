@@ -13,7 +13,7 @@ from onnx import helper
 from regression_models import model
 
 from tvm_stitch import verify
-from tvm_stitch.plan import StitchPlan
+from tvm_stitch.plan import BufferRole, StitchPlan
 from tvm_stitch.testing.differential import check_model
 
 
@@ -37,6 +37,6 @@ def test_a_global_group_copies_the_outputs_its_plan_lists() -> None:
     plan = StitchPlan.of_module(verify.compile_model(model, "stitch"))
     assert not plan.fallbacks, plan.fallbacks
     (group,) = plan.groups
-    assert group.phases and any(b.role == "output" for b in group.buffers), group
+    assert group.phases and any(b.role is BufferRole.OUTPUT for b in group.buffers), group
     outcome = check_model(model, "stitch")
     assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)

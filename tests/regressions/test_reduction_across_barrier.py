@@ -15,7 +15,7 @@ from onnx import helper
 from regression_models import model
 
 from tvm_stitch import verify
-from tvm_stitch.plan import StitchPlan
+from tvm_stitch.plan import BufferRole, StitchPlan
 from tvm_stitch.testing.differential import check_model
 
 
@@ -32,7 +32,7 @@ def test_a_softmax_over_row_means_stitches(rows: int, length: int) -> None:
     plan = StitchPlan.of_module(verify.compile_model(built, "stitch"))
     assert not plan.fallbacks, plan
     (group,) = plan.groups
-    assert any(b.role == "crossing" for b in group.buffers), group
+    assert any(b.role is BufferRole.CROSSING for b in group.buffers), group
     outcome = check_model(built, "stitch")
     assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
 

@@ -14,7 +14,7 @@ from onnx import helper
 from regression_models import model
 
 from tvm_stitch import verify
-from tvm_stitch.plan import StitchPlan
+from tvm_stitch.plan import BufferRole, StitchPlan
 from tvm_stitch.testing.differential import check_model
 
 
@@ -54,7 +54,7 @@ def test_an_output_read_inside_a_split_row_is_copied_as_sub_rows() -> None:
     plan = StitchPlan.of_module(verify.compile_model(built, "stitch"))
     assert not plan.fallbacks, plan
     (group,) = plan.groups
-    assert group.row_split > 1 and any(b.role == "output" for b in group.buffers), group
+    assert group.row_split > 1 and any(b.role is BufferRole.OUTPUT for b in group.buffers), group
     outcome = check_model(built, "stitch")
     assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
 

@@ -29,7 +29,7 @@ from tvm import relax, tirx
 from tvm.script import tirx as T
 
 from tvm_stitch.analysis import analyze
-from tvm_stitch.plan import Scheme, StitchPlan
+from tvm_stitch.plan import PhaseKind, Scheme, StitchPlan
 from tvm_stitch.schedule import Unstitchable, kernel
 from tvm_stitch.schedule.grid_barrier import (
     CUDA_DEFINITION,
@@ -317,7 +317,7 @@ def test_few_long_rows_are_split_over_several_blocks(build, shape, barriers: int
     # every block combines its own row's partials after their barrier, where row blocks
     # alone read the combination (softmax's maximum and sum, layer norm's variance); the
     # mean goes through a column-space block (the division by the length): a column phase
-    assert group.phases[0].kind == "rows" and group.grid_barriers == barriers
+    assert group.phases[0].kind is PhaseKind.ROWS and group.grid_barriers == barriers
     assert group.launch.grid <= group.launch.wave
     ((name, func),) = stitched_functions(scheduled).items()
     assert kernel_count(func, name) == 1

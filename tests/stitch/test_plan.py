@@ -9,9 +9,12 @@ from stitch_helpers import lower_stitch
 
 from tvm_stitch.plan import (
     Buffer,
+    BufferRole,
     Dominant,
+    DominantKind,
     Edge,
     MappingKind,
+    PhaseKind,
     Scheme,
     StitchPlan,
     StorageLevel,
@@ -31,8 +34,9 @@ def test_layer_norm_softmax_add_is_one_group_with_two_dominants() -> None:
     assert group.ops == ("lv:layer_norm", "lv1:softmax", "gv:add")
     assert group.outputs == ("gv:add",)
     assert group.dominants == (
-        Dominant("lv:layer_norm", "reduction", ("lv:layer_norm",)),
-        Dominant("lv1:softmax", "reduction", ("lv1:softmax", "gv:add"), ("gv:add",)),
+        Dominant("lv:layer_norm", DominantKind.REDUCTION, ("lv:layer_norm",)),
+        Dominant("lv1:softmax", DominantKind.REDUCTION, ("lv1:softmax", "gv:add"),
+                 ("gv:add",)),
     )
     assert group.edges == (
         Edge("lv:layer_norm", "lv1:softmax", Scheme.REGIONAL),
@@ -43,7 +47,7 @@ def test_layer_norm_softmax_add_is_one_group_with_two_dominants() -> None:
     assert set(group.inlined) == {"T_softmax_norm", "x_mean"}
     shared = {b.name: b for b in group.staged}
     # the input row is staged once; the LN output and exp() are Regional intermediates
-    assert shared["x"] == Buffer("x", "input", StorageLevel.SHARED, 256,
+    assert shared["x"] == Buffer("x", BufferRole.INPUT, StorageLevel.SHARED, 256,
                                  "read at 4 places in the row")
     assert shared["T_layer_norm_intermediate"].shared_bytes == 256
     assert shared["T_softmax_exp"].shared_bytes == 256
@@ -124,7 +128,9 @@ def test_column_reduction_read_back_by_rows_is_one_global_group() -> None:
         ("rows", ("x_red",)), ("columns", ("x_red", "T_divide")), ("rows", ("T_subtract",))]
     assert group.grid_barriers == 2
     assert group.launch.grid <= group.launch.wave
-    partial = next(b for b in group.buffers if b.role == "partial")
+    partial = next(b for b in group.buffers if b.role is BufferRole.PARTIAL)
+    again = StitchPlan.from_json(plan.to_json()).groups[0]
+    assert again == group and all(type(ph.kind) is PhaseKind for ph in again.phases)
     assert partial.level is StorageLevel.GLOBAL and partial.name == "x_red"
 
 

@@ -11,6 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 from stitch_helpers import assert_matches, lower_stitch, reference, run_simt
 
 from tvm_stitch.analysis import gpu_of_arch
+from tvm_stitch.plan import DemotionKind
 from tvm_stitch.schedule.occupancy import (
     REGISTERS_PER_CACHED_ELEMENT,
     cached_elements_cap,
@@ -45,7 +46,8 @@ def test_column_softmax_takes_more_row_tiles_than_the_cap_allows_rows() -> None:
     scheduled, plan = lower_stitch(model)
     (group,) = plan.groups
     assert group.mapping.row_steps <= cached_elements_cap(group.launch) < 31
-    assert any(d.startswith("row tiles 1 -> 31") for d in group.demotions), group.demotions
+    assert any((d.kind, d.before, d.after) == (DemotionKind.FEWER_ROW_TILES, 1, 31)
+               for d in group.demotions), group.demotions
     feeds = make_inputs(model, 0)
     assert_matches(run_simt(model, scheduled, feeds), reference(model, feeds))
 

@@ -10,7 +10,7 @@ from stitch_helpers import import_onnx
 
 from tvm_stitch import pipeline
 from tvm_stitch.analysis import analyze
-from tvm_stitch.plan import StitchPlan
+from tvm_stitch.plan import DemotionKind, StitchPlan
 from tvm_stitch.testing.resources import check_resources
 from tvm_stitch.workloads import registry
 
@@ -63,6 +63,6 @@ def test_long_row_tiles_do_not_spill(name: str) -> None:
     a long row walk rather than holding it): ptxas must agree, with no spills."""
     scheduled, _ = _report(name, "stitch")
     (group,) = StitchPlan.of_module(scheduled).groups
-    assert any(d.startswith("row tiles stay") for d in group.demotions)
+    assert any(d.kind is DemotionKind.ROW_TILES_KEPT for d in group.demotions)
     kernels = check_resources(scheduled).kernels
     assert kernels and all(k.spill_bytes == 0 for k in kernels), kernels

@@ -15,7 +15,7 @@ merge into one dominant (a reduction preferred); the others become its sub-domin
 
 from __future__ import annotations
 
-from ..plan import Dominant, Edge, Scheme
+from ..plan import Dominant, DominantKind, Edge, Scheme
 from .copies import Copy
 from .dataflow import DataflowGraph, Node
 from .grouping import OpGroup
@@ -90,14 +90,14 @@ def analyse(group: OpGroup) -> tuple[tuple[Dominant, ...], tuple[Edge, ...]]:
             else:
                 regional_out.add(p)
     outputs = {n.index for n in group_outputs(group)}
-    kinds: dict[int, str] = {}
+    kinds: dict[int, DominantKind] = {}
     for node in group.nodes:
         if node.info.kind in (OpKind.ROW_REDUCE, OpKind.COLUMN_REDUCE):
-            kinds[node.index] = "reduction"
+            kinds[node.index] = DominantKind.REDUCTION
         elif node.info.expensive and node.index in regional_out:
-            kinds[node.index] = "expensive"
+            kinds[node.index] = DominantKind.EXPENSIVE
         elif node.index in outputs:
-            kinds[node.index] = "output"
+            kinds[node.index] = DominantKind.OUTPUT
     components = _components(group.members, local)
     dominants: list[Dominant] = []
     orphans: list[set[int]] = []
@@ -106,7 +106,7 @@ def analyse(group: OpGroup) -> tuple[tuple[Dominant, ...], tuple[Edge, ...]]:
         if not cands:
             orphans.append(comp)
             continue
-        reductions = [i for i in cands if kinds[i] == "reduction"]
+        reductions = [i for i in cands if kinds[i] is DominantKind.REDUCTION]
         lead = reductions[-1] if reductions else cands[-1]
         dominants.append(Dominant(
             graph.nodes[lead].label, kinds[lead],

@@ -36,7 +36,19 @@ from tvm.target import Target
 
 from ..analysis.roofline import GPU
 from ..lowering import LoweredFunc, lower
-from ..plan import Buffer, Group, Launch, MappingKind, Phase, StorageLevel, ThreadMapping
+from ..plan import (
+    Buffer,
+    BufferRole,
+    Demotion,
+    DemotionKind,
+    Group,
+    Launch,
+    MappingKind,
+    Phase,
+    PhaseKind,
+    StorageLevel,
+    ThreadMapping,
+)
 from ..symbolic import is_symbolic, shape_values, symbolic_extent
 from ..target import MAX_SHARED_MEMORY_PER_BLOCK, MAX_THREADS_PER_BLOCK, WARP_SIZE
 from .blocks import (
@@ -68,10 +80,7 @@ from .occupancy import (
     launch_config,
 )
 from .phases import (
-    COLUMN,
-    COLUMN_SPACE,
-    COMBINE,
-    ROW,
+    BlockRole,
     Roles,
     assign_roles,
     column_reductions,
@@ -83,6 +92,7 @@ from .phases import (
 from .row_permutation import permute_rows
 from .rows import (
     BlockRows,
+    RowAccess,
     Unstitchable,
     access_rows,
     block_rows,
@@ -102,7 +112,7 @@ class _Staging:
     """A buffer kept in shared memory and its bytes for one row."""
 
     name: str
-    role: str
+    role: BufferRole
     per_row: int
     note: str = ""
     block: str = ""  # writer block (for intermediates that may be recomputed)
@@ -131,7 +141,7 @@ class _Decisions:
     held: list[_Staging] = field(default_factory=list)  # inputs held in registers
     block_shared: list[_BlockShared] = field(default_factory=list)
     global_reads: list[Buffer] = field(default_factory=list)
-    demotions: list[str] = field(default_factory=list)
+    demotions: list[Demotion] = field(default_factory=list)
     reductions: int = 0
 
 
@@ -264,7 +274,7 @@ def _decide_flat(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, reused:
         sites = sum(load_count(sch, u, buffer) for u in users)
         if (len(users) > 1 or sites > 1) and _element_aligned(sch, [block, *users], buffer, size):
             note = f"read by {len(users)} block(s) at {sites} place(s)"
-            kept.append(Buffer(buffer.name, "intermediate", StorageLevel.REGISTER, 0, note,
+            kept.append(Buffer(buffer.name, BufferRole.INTERMEDIATE, StorageLevel.REGISTER, 0, note,
                                name))
             continue
         try:
@@ -281,9 +291,9 @@ def _decide_flat(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, reused:
         users = readers(sch, param)
         sites = sum(load_count(sch, u, param) for u in users)
         if sites > 1 and _element_aligned(sch, users, param, size):
-            staged.append(Buffer(param.name, "input", StorageLevel.REGISTER, 0,
+            staged.append(Buffer(param.name, BufferRole.INPUT, StorageLevel.REGISTER, 0,
                                  f"read at {sites} places"))
-    buffers = tuple(Buffer(n, "output", StorageLevel.REGISTER, 0,
+    buffers = tuple(Buffer(n, BufferRole.OUTPUT, StorageLevel.REGISTER, 0,
                            "written out and read inside the kernel") for n in reused)
     mapping = replace(flat_mapping(size, max_threads, _widest_element(sch, func), gpu),
                       rows_expr=size_expr)
@@ -316,7 +326,8 @@ def _element_aligned(sch: s_tir.Schedule, blocks: list, buffer: tirx.Buffer, siz
         for region in (*stmt.reads, *stmt.writes):
             if not region.source.same_as(buffer):
                 continue
-            if access_rows(info, region, size) != "aligned" or _wraps_around(region):
+            if access_rows(info, region, size) is not RowAccess.ALIGNED \
+                    or _wraps_around(region):
                 return False
     return True
 
@@ -443,7 +454,7 @@ def _decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows:
     for name in column_reductions(sch, rows):
         normalise_column(sch, sch.get_sblock(name))
     roles = assign_roles(sch, rows)
-    reused = cache_reused_outputs(sch, func, SHARED, writers=set(roles.of_kind(ROW)))
+    reused = cache_reused_outputs(sch, func, SHARED, writers=set(roles.of_kind(BlockRole.ROW)))
     if split > 1:
         split_output_copies(sch, reused, rows // split, split)
     roles = assign_roles(sch, rows)
@@ -471,9 +482,9 @@ def _decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows:
     in_registers: dict[str, int] = {}  # column reduction -> partial sums per thread
     if budget - needed < budget * 3 // 4:
         in_registers = _partial_sums_in_registers(roles, mapping)
-        dec.demotions.append(f"partial sums of the column reductions in registers, "
-                             f"{sum(in_registers.values())} per thread ({needed} B of shared "
-                             f"memory > a quarter of {budget} B)")
+        dec.demotions.append(Demotion(DemotionKind.PARTIAL_SUMS_IN_REGISTERS,
+                                      after=sum(in_registers.values()), used=needed,
+                                      budget=budget))
         accumulators = {}
     mapping = _fit_budget(sch, dec, mapping, budget - sum(accumulators.values()))
     vector = row_vector(length, _widest_element(sch, func))
@@ -517,35 +528,37 @@ def _decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows:
         held += f", and {sums} partial sums" if sums else ""
         capped = _fewest_tiles(rows, (cap - sums) // per_row)
         if capped <= launch.wave:
-            dec.demotions.append(f"row tiles {tiles} -> {capped}: a tile of {rows // tiles} "
-                                 f"rows would keep the inputs each thread re-reads ({held}) "
-                                 f"in registers, more than {_cap_text(launch)}")
+            dec.demotions.append(Demotion(
+                DemotionKind.FEWER_ROW_TILES, before=tiles, after=capped,
+                detail=f"a tile of {rows // tiles} rows would keep the inputs each thread "
+                       f"re-reads ({held}) in registers, more than {_cap_text(launch)}"))
             tiles, column_tiles = capped, 1
         else:
             # Tiles of many rows: nvcc unrolls a short row walk (and then holds every row's
             # elements), not a long one, which reloads; checked by ptxas in the tests
             # (tests/stitch/test_targets.py, test_register_cache.py).
-            dec.demotions.append(f"row tiles stay {tiles}: tiles within the register cap "
-                                 f"({held} > {_cap_text(launch)}) would take {capped} "
-                                 f"tiles, more than one wave of {launch.wave} blocks")
+            dec.demotions.append(Demotion(
+                DemotionKind.ROW_TILES_KEPT, before=tiles, after=capped,
+                detail=f"tiles within the register cap ({held} > {_cap_text(launch)}) would "
+                       f"take {capped} tiles, more than one wave of {launch.wave} blocks"))
     mapping = replace(mapping, row_steps=rows // tiles)
     for b in list(dec.block_shared):
         if b.span % mapping.row_steps:
             dec.block_shared.remove(b)
-            dec.global_reads.append(Buffer(b.name, "input", StorageLevel.GLOBAL, 0,
+            dec.global_reads.append(Buffer(b.name, BufferRole.INPUT, StorageLevel.GLOBAL, 0,
                                            f"shared by runs of {b.span} rows, not by the "
                                            f"{mapping.row_steps} rows of a tile"))
     phases = _phases(roles, tiles, mapping.threads_per_block, column_tiles)
     grid = min(launch.wave, max(p.tasks for p in phases))
     partials = tuple(
-        Buffer(name, "partial", StorageLevel.GLOBAL, 0,
+        Buffer(name, BufferRole.PARTIAL, StorageLevel.GLOBAL, 0,
                f"{tiles} x {roles.columns[name]} partial sums, combined in the next phase",
                name) for name in roles.columns)
     accumulated = tuple(
-        Buffer(name, "accumulator", StorageLevel.REGISTER, 0,
+        Buffer(name, BufferRole.ACCUMULATOR, StorageLevel.REGISTER, 0,
                f"partial sum of the block's row tile, {in_registers[name]} column(s) per "
                "thread", name, registers=in_registers[name]) if name in in_registers
-        else Buffer(name, "accumulator", StorageLevel.SHARED, accumulators[name],
+        else Buffer(name, BufferRole.ACCUMULATOR, StorageLevel.SHARED, accumulators[name],
                     "partial sum of the block's row tile", name)
         for name in (*accumulators, *in_registers))
     return replace(group, mapping=mapping, inlined=tuple(dec.inlined),
@@ -572,14 +585,14 @@ def _phase_inputs(sch: s_tir.Schedule, roles: Roles, rows: int, room: int
     within ``room`` bytes."""
     found: list[Buffer] = []
     for name, kind in roles.kinds.items():
-        if kind not in (COLUMN, COLUMN_SPACE, COMBINE):
+        if kind not in (BlockRole.COLUMN, BlockRole.COLUMN_SPACE, BlockRole.COMBINE):
             continue
         block = sch.get_sblock(name)
         buffer = sch.get(block).writes[0].source
         by_level: dict[int, list[str]] = {}
         for user in readers(sch, buffer, exclude=block, affine=True):
             user_name = name_of(sch, user)
-            if roles.kinds[user_name] in (ROW, COLUMN) \
+            if roles.kinds[user_name] in (BlockRole.ROW, BlockRole.COLUMN) \
                     and roles.levels[user_name] > roles.levels[name]:
                 by_level.setdefault(roles.levels[user_name], []).append(user_name)
         size = prod(int(d) for d in buffer.shape) * _bytes(buffer)
@@ -591,7 +604,7 @@ def _phase_inputs(sch: s_tir.Schedule, roles: Roles, rows: int, room: int
             room -= staged
             note = ("read alike by every row: once per block" if per_block
                     else "one value per row: once per row")
-            found.append(Buffer(buffer.name, "phase input", StorageLevel.SHARED, staged,
+            found.append(Buffer(buffer.name, BufferRole.PHASE_INPUT, StorageLevel.SHARED, staged,
                                 note, users[0], per_block))
     return tuple(found)
 
@@ -600,7 +613,7 @@ def _row_independent(sch: s_tir.Schedule, name: str, buffer: tirx.Buffer, rows: 
                      roles: Roles) -> bool:
     """Whether block ``name`` reads ``buffer`` at places that do not depend on its row."""
     block = sch.get_sblock(name)
-    info = column_view(sch, block) if roles.kinds[name] == COLUMN \
+    info = column_view(sch, block) if roles.kinds[name] is BlockRole.COLUMN \
         else block_rows(sch, block, rows)
     return all(rows_sharing(info, r) == rows for r in sch.get(block).reads
                if r.source.same_as(buffer))
@@ -615,7 +628,7 @@ def _launch(gpu: GPU, threads: int, shared_bytes: int, grid: int = 0) -> Launch:
 
 def _keep_partials_global(sch: s_tir.Schedule, roles: Roles, dec: _Decisions) -> None:
     """Reduction results that a later phase combines (split rows) stay in global memory."""
-    combines = set(roles.of_kind(COMBINE))
+    combines = set(roles.of_kind(BlockRole.COMBINE))
     for result in list(dec.results):
         block = sch.get_sblock(result.block)
         buffer = sch.get(block).writes[0].source
@@ -624,20 +637,21 @@ def _keep_partials_global(sch: s_tir.Schedule, roles: Roles, dec: _Decisions) ->
 
 
 def _row_infos(sch: s_tir.Schedule, rows: int, roles: Roles) -> dict[str, BlockRows]:
-    return {name: block_rows(sch, sch.get_sblock(name), rows) for name in roles.of_kind(ROW)}
+    return {name: block_rows(sch, sch.get_sblock(name), rows)
+            for name in roles.of_kind(BlockRole.ROW)}
 
 
 def _inline_column_space(sch: s_tir.Schedule, func: tirx.PrimFunc, roles: Roles,
                          dec: _Decisions) -> None:
     """A column-space block read once, by one column-space block, is computed by it."""
-    for name in reversed(roles.of_kind(COLUMN_SPACE)):
+    for name in reversed(roles.of_kind(BlockRole.COLUMN_SPACE)):
         block = sch.get_sblock(name)
         if _writes_param(sch, func, block):
             continue
         buffer = sch.get(block).writes[0].source
         users = readers(sch, buffer, exclude=block)
         if len(users) == 1 and load_count(sch, users[0], buffer) == 1 \
-                and roles.kinds[name_of(sch, users[0])] == COLUMN_SPACE:
+                and roles.kinds[name_of(sch, users[0])] is BlockRole.COLUMN_SPACE:
             sch.compute_inline(block)
             dec.inlined.append(name)
 
@@ -669,7 +683,7 @@ def _inline_crossings(sch: s_tir.Schedule, rows: int, dec: _Decisions) -> Roles:
         later = {c for p, c in crossings(sch, roles) if p == producer}
         buffer = sch.get(sch.get_sblock(producer)).writes[0].source
         copy = copy_across_barrier(sch, producer, later)
-        dec.global_reads.append(Buffer(buffer.name, "crossing", StorageLevel.GLOBAL, 0,
+        dec.global_reads.append(Buffer(buffer.name, BufferRole.CROSSING, StorageLevel.GLOBAL, 0,
                                        f"reduction result copied out ({copy}) for "
                                        f"{', '.join(sorted(later))} after a grid barrier",
                                        producer))
@@ -733,7 +747,8 @@ def _read_out_of_order(sch: s_tir.Schedule, param: tirx.Buffer, infos: dict[str,
         if info is None:
             continue
         for region in sch.get(block).reads:
-            if region.source.same_as(param) and access_rows(info, region, rows) == "aligned" \
+            if region.source.same_as(param) \
+                    and access_rows(info, region, rows) is RowAccess.ALIGNED \
                     and row_elements(param, rows) == info.elements \
                     and not reads_own_element(info, region, rows):
                 return True
@@ -753,7 +768,7 @@ def _column_tile_options(roles: Roles, threads: int) -> list[int]:
     block's warps take parts of the tile's rows, lanes, and add up their sums in shared
     memory), or a column per thread."""
     widths = set(roles.columns.values())
-    if roles.of_kind(ROW) or len(widths) != 1:
+    if roles.of_kind(BlockRole.ROW) or len(widths) != 1:
         return []
     width = widths.pop()
     options = []
@@ -791,20 +806,20 @@ def _phases(roles: Roles, tiles: int, threads: int, column_tiles: int = 1
     for name, kind in roles.kinds.items():
         level = roles.levels[name]
         levels.setdefault(level, []).append(name)
-        if kind == COLUMN:
+        if kind is BlockRole.COLUMN:
             levels.setdefault(level + 1, []).append(name)
     phases = []
     for level in sorted(levels):
         names = tuple(levels[level])
         if level % 2 == 0:
-            partials = tuple(n for n in names if roles.kinds[n] == COLUMN)
-            combines = tuple(n for n in names if roles.kinds[n] == COMBINE)
-            phases.append(Phase("rows", names, tiles * column_tiles, partials=partials,
+            partials = tuple(n for n in names if roles.kinds[n] is BlockRole.COLUMN)
+            combines = tuple(n for n in names if roles.kinds[n] is BlockRole.COMBINE)
+            phases.append(Phase(PhaseKind.ROWS, names, tiles * column_tiles, partials=partials,
                                 combines=combines, column_tiles=column_tiles))
         else:
             width = max(roles.widths[n] for n in names)
             combines = tuple(n for n in names if n in roles.combines)
-            phases.append(Phase("columns", names, -(-width // threads), combines=combines))
+            phases.append(Phase(PhaseKind.COLUMNS, names, -(-width // threads), combines=combines))
     return tuple(phases)
 
 
@@ -827,14 +842,15 @@ def _check_alignment(sch: s_tir.Schedule, infos: dict[str, BlockRows], rows: int
         for region in stmt.writes:
             if region.source.name in permuted and permuted_row(info, region, rows):
                 continue
-            if access_rows(info, region, rows) != "aligned":
+            if access_rows(info, region, rows) is not RowAccess.ALIGNED:
                 raise Unstitchable(f"block {info.name} writes {region.source.name} outside "
                                    "its row")
         for region in stmt.reads:
             if region.source.name in permuted:
                 raise Unstitchable(f"block {info.name} reads {region.source.name}, written at "
                                    "permuted rows")
-            if region.source.name in produced and access_rows(info, region, rows) != "aligned":
+            if region.source.name in produced \
+                    and access_rows(info, region, rows) is not RowAccess.ALIGNED:
                 raise Unstitchable(f"block {info.name} reads {region.source.name} from other "
                                    "rows")
 
@@ -849,7 +865,7 @@ def _decide_inlining(sch: s_tir.Schedule, func: tirx.PrimFunc, infos: dict[str, 
             continue
         buffer = sch.get(block).writes[0].source
         if info.is_reduction:
-            dec.results.append(_Staging(buffer.name, "intermediate",
+            dec.results.append(_Staging(buffer.name, BufferRole.INTERMEDIATE,
                                         row_elements(buffer, rows) * _bytes(buffer),
                                         "reduction result", name))
             continue
@@ -866,7 +882,7 @@ def _decide_inlining(sch: s_tir.Schedule, func: tirx.PrimFunc, infos: dict[str, 
                     raise Unstitchable(f"{buffer.name} is read at data-dependent places and "
                                        f"cannot be recomputed: {error_summary(err)}") from err
         note = f"read by {len(users)} block(s) at {sites} place(s)"
-        dec.regional.append(_Staging(buffer.name, "intermediate",
+        dec.regional.append(_Staging(buffer.name, BufferRole.INTERMEDIATE,
                                      row_elements(buffer, rows) * _bytes(buffer), note, name))
 
 
@@ -892,24 +908,24 @@ def _decide_staging(sch: s_tir.Schedule, func: tirx.PrimFunc, infos: dict[str, B
             continue
         kinds = {access_rows(info, r, rows) for info, r in regions}
         span = min(rows_sharing(info, r) for info, r in regions)
-        if kinds == {"aligned"} and span == 1:
+        if kinds == {RowAccess.ALIGNED} and span == 1:
             per_row = row_elements(param, rows)
             own = all(reads_own_element(info, r, rows) for info, r in regions)
             if sites >= 2:
-                dec.staged.append(_Staging(param.name, "input", per_row * _bytes(param),
+                dec.staged.append(_Staging(param.name, BufferRole.INPUT, per_row * _bytes(param),
                                            f"read at {sites} places in the row", own=own))
             elif any(info.elements > per_row for info, _ in regions):
-                dec.staged.append(_Staging(param.name, "input", per_row * _bytes(param),
+                dec.staged.append(_Staging(param.name, BufferRole.INPUT, per_row * _bytes(param),
                                            "broadcast over the row: read once per row"))
         elif sites >= 2 and all(permuted_row(info, r, rows) for info, r in regions):
-            dec.staged.append(_Staging(param.name, "input",
+            dec.staged.append(_Staging(param.name, BufferRole.INPUT,
                                        row_elements(param, rows) * _bytes(param),
                                        f"read at {sites} places in a permuted row"))
         elif span > 1 and len(param.shape) > 0:
             size = _elements(param) * span // rows * _bytes(param)
             dec.block_shared.append(_BlockShared(param.name, max(size, _bytes(param)), span))
         elif sites >= 2:
-            dec.global_reads.append(Buffer(param.name, "input", StorageLevel.GLOBAL, 0,
+            dec.global_reads.append(Buffer(param.name, BufferRole.INPUT, StorageLevel.GLOBAL, 0,
                                            f"read at {sites} places, not row-aligned"))
 
 
@@ -927,7 +943,7 @@ def _pack_vertically(dec: _Decisions, mapping: ThreadMapping, gpu: GPU) -> Threa
     if is_symbolic(mapping.rows):
         for b in dec.block_shared:
             runs = "every row" if is_symbolic(b.span) else f"runs of {b.span} rows"
-            dec.global_reads.append(Buffer(b.name, "input", StorageLevel.GLOBAL, 0,
+            dec.global_reads.append(Buffer(b.name, BufferRole.INPUT, StorageLevel.GLOBAL, 0,
                                            f"read alike by {runs}; symbolic row count, no "
                                            "vertical packing: re-read (served by the L2 "
                                            "cache)"))
@@ -941,7 +957,7 @@ def _pack_vertically(dec: _Decisions, mapping: ThreadMapping, gpu: GPU) -> Threa
     for b in list(dec.block_shared):
         if rows_per_block == 1 or b.span % rows_per_block:
             dec.block_shared.remove(b)
-            dec.global_reads.append(Buffer(b.name, "input", StorageLevel.GLOBAL, 0,
+            dec.global_reads.append(Buffer(b.name, BufferRole.INPUT, StorageLevel.GLOBAL, 0,
                                            f"shared by runs of {b.span} rows, one row per "
                                            "block: re-read (served by the L2 cache)"))
     if not dec.block_shared:
@@ -1000,25 +1016,27 @@ def _fit_budget(sch: s_tir.Schedule, dec: _Decisions, mapping: ThreadMapping,
             if victim.own and slots <= REGISTER_ROW_ELEMENTS:
                 dec.held.append(replace(victim, note=f"{slots} element(s) of the row per "
                                                      "thread"))
-                dec.demotions.append(f"input {victim.name} held in registers ({used} B of "
-                                     f"shared memory > {budget} B)")
+                dec.demotions.append(Demotion(DemotionKind.HELD_IN_REGISTERS, victim.name,
+                                              used=used, budget=budget))
                 continue
-            dec.global_reads.append(Buffer(victim.name, "input", StorageLevel.GLOBAL, 0,
+            dec.global_reads.append(Buffer(victim.name, BufferRole.INPUT, StorageLevel.GLOBAL, 0,
                                            "demoted: re-read from global memory"))
-            dec.demotions.append(f"input {victim.name} re-read from global memory "
-                                 f"({used} B of shared memory > {budget} B)")
+            dec.demotions.append(Demotion(DemotionKind.REREAD, victim.name, used=used,
+                                          budget=budget))
         elif dec.block_shared:
             victim = max(dec.block_shared, key=lambda b: b.size)
             dec.block_shared.remove(victim)
-            dec.global_reads.append(Buffer(victim.name, "input", StorageLevel.GLOBAL, 0,
+            dec.global_reads.append(Buffer(victim.name, BufferRole.INPUT, StorageLevel.GLOBAL, 0,
                                            "demoted: re-read from global memory"))
-            dec.demotions.append(f"input {victim.name} (shared by the block's rows) re-read "
-                                 f"from global memory ({used} B > {budget} B)")
+            dec.demotions.append(Demotion(DemotionKind.BLOCK_INPUT_REREAD, victim.name,
+                                          used=used, budget=budget))
             if not dec.block_shared:
                 mapping = replace(mapping, row_steps=1)
         elif mapping.rows_per_block > 1:
-            dec.demotions.append(f"rows per block {mapping.rows_per_block} -> "
-                                 f"{mapping.rows_per_block // 2} ({used} B > {budget} B)")
+            dec.demotions.append(Demotion(DemotionKind.FEWER_ROWS_PER_BLOCK,
+                                          before=mapping.rows_per_block,
+                                          after=mapping.rows_per_block // 2, used=used,
+                                          budget=budget))
             mapping = with_rows_per_block(mapping, mapping.rows_per_block // 2)
         elif dec.regional:
             victim = max(dec.regional, key=lambda s: s.per_row)
@@ -1030,8 +1048,8 @@ def _fit_budget(sch: s_tir.Schedule, dec: _Decisions, mapping: ThreadMapping,
                     "recomputed") from err
             dec.regional.remove(victim)
             dec.inlined.append(victim.block)
-            dec.demotions.append(f"intermediate {victim.name} recomputed by its readers "
-                                 f"({used} B > {budget} B)")
+            dec.demotions.append(Demotion(DemotionKind.RECOMPUTED, victim.name, used=used,
+                                          budget=budget))
         else:
             raise Unstitchable(f"{used} B of shared memory > {budget} B with every "
                                "staged buffer demoted")
@@ -1057,7 +1075,8 @@ def _buffers(dec: _Decisions, mapping: ThreadMapping, reused: list[str]) -> tupl
         cached = f"{name}_shared"
         kept = any(s.name == cached for s in dec.regional)
         level = StorageLevel.SHARED if kept else StorageLevel.REGISTER
-        out.append(Buffer(name, "output", level, 0, "written out and read inside the kernel"))
+        out.append(Buffer(name, BufferRole.OUTPUT, level, 0,
+                          "written out and read inside the kernel"))
     for s in dec.regional + dec.staged:
         out.append(Buffer(s.name, s.role, StorageLevel.SHARED, s.bytes_for(rpb), s.note,
                           s.block))
@@ -1065,7 +1084,7 @@ def _buffers(dec: _Decisions, mapping: ThreadMapping, reused: list[str]) -> tupl
         out.append(Buffer(s.name, s.role, StorageLevel.REGISTER, 0, s.note, s.block))
     rows = mapping.rows_per_block * mapping.row_steps
     for b in dec.block_shared:
-        out.append(Buffer(b.name, "input", StorageLevel.SHARED, b.size,
+        out.append(Buffer(b.name, BufferRole.INPUT, StorageLevel.SHARED, b.size,
                           f"read alike by runs of {b.span} rows: once per block of {rows} rows",
                           per_block=True))
     out.extend(dec.global_reads)

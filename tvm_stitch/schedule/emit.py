@@ -31,7 +31,15 @@ from tvm import s_tir, tirx
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 from tvm.sym import Analyzer
 
-from ..plan import Group, MappingKind, Phase, StorageLevel, ThreadMapping
+from ..plan import (
+    BufferRole,
+    Group,
+    MappingKind,
+    Phase,
+    PhaseKind,
+    StorageLevel,
+    ThreadMapping,
+)
 from ..symbolic import dim_value, is_symbolic
 from .blocks import (
     LOCAL,
@@ -125,7 +133,7 @@ def _cache_planned_outputs(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Grou
                            scope: str) -> list[str]:
     """The on-chip copies of the outputs the plan says are read inside the kernel; returns
     those outputs."""
-    planned = {b.name for b in group.buffers if b.role == "output"}
+    planned = {b.name for b in group.buffers if b.role is BufferRole.OUTPUT}
     cached = cache_reused_outputs(sch, func, scope, outputs=planned)
     assert set(cached) == planned, (cached, planned)
     return cached
@@ -143,12 +151,12 @@ def _apply_storage(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group) -> li
         scope = SCOPES.get(buf.level)
         if scope is None:
             continue
-        if buf.role == "intermediate":
+        if buf.role is BufferRole.INTERMEDIATE:
             block = sch.get_sblock(buf.block)
             index = next(i for i, w in enumerate(sch.get(block).writes)
                          if w.source.name == buf.name)
             sch.set_scope(block, index, scope)
-        elif buf.role == "input":
+        elif buf.role is BufferRole.INPUT:
             cache = stage_input(sch, func, buf.name, scope)
             if buf.per_block:
                 block_caches.append(name_of(sch, cache))
@@ -467,7 +475,7 @@ def _emit_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group) -> s_ti
         split_output_copies(sch, cached, mapping.rows // group.row_split, group.row_split)
     block_caches = _apply_storage(sch, func, group)
     sch = combine_per_reader(sch, func)
-    sums = {b.block: b for b in group.buffers if b.role == "accumulator"}
+    sums = {b.block: b for b in group.buffers if b.role is BufferRole.ACCUMULATOR}
     partials: dict[str, tuple[str, str]] = {}  # column reduction -> (partial sum, write-out)
     held: dict[str, int] = {}  # partial sum kept in registers -> its slots per thread
     for name in columns:
@@ -483,12 +491,12 @@ def _emit_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group) -> s_ti
     sch = _reorder_by_phase(sch, phase_of, {w for _, w in partials.values()})
     for index, phase in enumerate(group.phases):
         names = {n for n, i in phase_of.items() if i == index}
-        if phase.kind == "rows":
+        if phase.kind is PhaseKind.ROWS:
             mine = [c for c in columns if c in phase.blocks]
             caches = [sch.get_sblock(c) for c in block_caches if c in names]
             per_row = []
             for buf in group.buffers:  # column results this phase reads: staged now that
-                if buf.role == "phase input" and buf.block in phase.blocks:  # they exist
+                if buf.role is BufferRole.PHASE_INPUT and buf.block in phase.blocks:  # they exist
                     cache = _stage_phase_input(sch, names, buf.name)
                     (caches if buf.per_block else per_row).append(cache)
             _map_row_phase(sch, mapping,
@@ -510,14 +518,15 @@ def _row_buffers(group: Group) -> frozenset[str]:
     per row (``_shared`` the name of a staged copy), not what is staged once per block, nor
     column results and partial sums."""
     names = {b.name for b in group.buffers if b.level is StorageLevel.SHARED
-             and not b.per_block and b.role in ("intermediate", "output", "input")}
+             and not b.per_block
+             and b.role in (BufferRole.INTERMEDIATE, BufferRole.OUTPUT, BufferRole.INPUT)}
     return frozenset(names | {f"{n}_shared" for n in names})
 
 
 def _copy_across_barriers(sch: s_tir.Schedule, group: Group) -> None:
     """The global copies of the reduction results the plan says later phases read."""
     for buf in group.buffers:
-        if buf.role != "crossing":
+        if buf.role is not BufferRole.CROSSING:
             continue
         phase = next(p for p in group.phases if buf.block in p.blocks)
         block = sch.get_sblock(buf.block)
@@ -561,7 +570,7 @@ def _phase_of_blocks(sch: s_tir.Schedule, phases: tuple[Phase, ...],
     phase_of: dict[str, int] = {}
     for index, phase in enumerate(phases):
         for name in phase.blocks:
-            if name in partials and phase.kind == "rows":
+            if name in partials and phase.kind is PhaseKind.ROWS:
                 phase_of.update({n: index for n in partials[name]})
             else:
                 phase_of[name] = index

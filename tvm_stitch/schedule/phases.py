@@ -31,6 +31,7 @@ phase, a grid barrier after the blocks that wrote them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from math import prod
 
 import tvm
@@ -41,6 +42,7 @@ from tvm.sym import Analyzer
 from .blocks import child_blocks, name_of
 from .rows import (
     BlockRows,
+    RowAccess,
     Unstitchable,
     access_rows,
     block_rows,
@@ -49,10 +51,14 @@ from .rows import (
 )
 from .task_split import is_combine
 
-ROW = "row"
-COLUMN = "column"
-COLUMN_SPACE = "column-space"
-COMBINE = "combine"
+
+class BlockRole(StrEnum):
+    """What a block of a group with column reductions is (see the module docstring)."""
+
+    ROW = "row"
+    COLUMN = "column"
+    COLUMN_SPACE = "column-space"
+    COMBINE = "combine"
 
 
 @dataclass
@@ -60,21 +66,21 @@ class Roles:
     """Kind and level of every block (by name); the columns of every column reduction (the
     ones it keeps) and column-space block (the ones it computes)."""
 
-    kinds: dict[str, str] = field(default_factory=dict)
+    kinds: dict[str, BlockRole] = field(default_factory=dict)
     levels: dict[str, int] = field(default_factory=dict)
     widths: dict[str, int] = field(default_factory=dict)
 
     @property
     def columns(self) -> dict[str, int]:
         """The columns each column reduction keeps, by block name."""
-        return {n: w for n, w in self.widths.items() if self.kinds[n] == COLUMN}
+        return {n: w for n, w in self.widths.items() if self.kinds[n] is BlockRole.COLUMN}
 
     @property
     def combines(self) -> list[str]:
         """Blocks that sum partials of other blocks: column reductions and combine blocks."""
-        return [n for n, k in self.kinds.items() if k in (COLUMN, COMBINE)]
+        return [n for n, k in self.kinds.items() if k in (BlockRole.COLUMN, BlockRole.COMBINE)]
 
-    def of_kind(self, kind: str) -> list[str]:
+    def of_kind(self, kind: BlockRole) -> list[str]:
         """Names of the blocks of ``kind``, in program order."""
         return [n for n, k in self.kinds.items() if k == kind]
 
@@ -87,7 +93,7 @@ class Roles:
     def available(self, name: str) -> int:
         """The level from which the result of block ``name`` can be read."""
         kind, level = self.kinds[name], self.levels[name]
-        return level + 1 if kind == COLUMN else level
+        return level + 1 if kind is BlockRole.COLUMN else level
 
 
 def _even_from(level: int) -> int:
@@ -113,7 +119,7 @@ def column_reductions(sch: s_tir.Schedule, rows: int) -> list[str]:
         except Unstitchable:
             found.append(name_of(sch, block))
             continue
-        if any(access_rows(info, r, rows) == "other" for r in sch.get(block).reads):
+        if any(access_rows(info, r, rows) is RowAccess.OTHER for r in sch.get(block).reads):
             found.append(name_of(sch, block))
     return found
 
@@ -160,18 +166,18 @@ def assign_roles(sch: s_tir.Schedule, rows: int) -> Roles:
         produced = [p for p, _ in reads]
         kind = _kind(sch, block, rows, roles, produced)
         roles.kinds[name] = kind
-        if kind == COLUMN:
+        if kind is BlockRole.COLUMN:
             roles.widths[name] = column_view(sch, block).iters[1].extent
             _check_column_reads(sch, block, rows)
-        elif kind in (COLUMN_SPACE, COMBINE):
+        elif kind in (BlockRole.COLUMN_SPACE, BlockRole.COMBINE):
             roles.widths[name] = prod(i.extent for i in iters_of(sch, block) if i.kind == "S")
         availability = [roles.available(p) for p in produced]
-        if kind == COLUMN_SPACE:
+        if kind is BlockRole.COLUMN_SPACE:
             roles.levels[name] = max(
                 roles.available(p) + (0 if _same_thread(sch, writer_block, block, region)
                                       else 2)
                 for p, region in reads for writer_block in [sch.get_sblock(p)])
-        elif kind == COMBINE:
+        elif kind is BlockRole.COMBINE:
             roles.levels[name] = max((_even_from(a) for a in availability), default=0) + 1
         else:
             roles.levels[name] = max((_even_from(a) for a in availability), default=0)
@@ -179,34 +185,35 @@ def assign_roles(sch: s_tir.Schedule, rows: int) -> Roles:
             writers[w.source.name] = name
         for producer in produced:
             consumers.setdefault(producer, []).append(name)
-    for name in roles.of_kind(COMBINE):
+    for name in roles.of_kind(BlockRole.COMBINE):
         users = consumers.get(name, [])
-        if users and all(roles.kinds[u] == ROW for u in users) \
+        if users and all(roles.kinds[u] is BlockRole.ROW for u in users) \
                 and len({roles.levels[u] for u in users}) == 1:
             roles.levels[name] = roles.levels[users[0]]
     return roles
 
 
 def _kind(sch: s_tir.Schedule, block: SBlockRV, rows: int, roles: Roles, produced: list[str]
-          ) -> str:
+          ) -> BlockRole:
     if is_combine(sch, block):
-        return COMBINE
+        return BlockRole.COMBINE
     iters = iters_of(sch, block)
     if [i.kind for i in iters] == ["R", "S"] and iters[0].extent == rows:
         try:
             block_rows(sch, block, rows)
         except Unstitchable:
-            return COLUMN
-    column_inputs = [p for p in produced if roles.kinds[p] in (COLUMN, COLUMN_SPACE, COMBINE)]
+            return BlockRole.COLUMN
+    column_inputs = [p for p in produced if roles.kinds[p] in (
+        BlockRole.COLUMN, BlockRole.COLUMN_SPACE, BlockRole.COMBINE)]
     if column_inputs and len(column_inputs) == len(produced) \
             and all(i.kind == "S" for i in iters):
         size = prod(i.extent for i in iters)
         sizes = {prod(int(d) for d in w.source.shape)
                  for p in column_inputs for w in sch.get(sch.get_sblock(p)).writes}
         if size in sizes:
-            return COLUMN_SPACE
+            return BlockRole.COLUMN_SPACE
     block_rows(sch, block, rows)  # raises Unstitchable: neither kind
-    return ROW
+    return BlockRole.ROW
 
 
 def _same_thread(sch: s_tir.Schedule, producer: SBlockRV, consumer: SBlockRV,
@@ -248,7 +255,7 @@ def _check_column_reads(sch: s_tir.Schedule, block: SBlockRV, rows: int) -> None
     for region in sch.get(block).reads:
         if region.source.same_as(sch.get(block).writes[0].source):
             continue
-        if access_rows(view, region, rows) == "other":
+        if access_rows(view, region, rows) is RowAccess.OTHER:
             raise Unstitchable(f"column reduction {view.name} reads {region.source.name} "
                                "outside the row it reduces")
 
@@ -263,8 +270,8 @@ def crossings(sch: s_tir.Schedule, roles: Roles) -> list[tuple[str, str]]:
         name = name_of(sch, block)
         for region in sch.get(block).reads:
             producer = writers.get(region.source.name)
-            if producer is not None and roles.kinds[producer] == ROW \
-                    and roles.kinds[name] in (ROW, COLUMN) \
+            if producer is not None and roles.kinds[producer] is BlockRole.ROW \
+                    and roles.kinds[name] in (BlockRole.ROW, BlockRole.COLUMN) \
                     and roles.levels[producer] != roles.levels[name]:
                 found.append((producer, name))
         for w in sch.get(block).writes:
@@ -286,6 +293,6 @@ def copy_across_barrier(sch: s_tir.Schedule, producer: str, later: set[str]) -> 
                                        consumer_blocks=consumers))
 
 
-__all__ = ["ROW", "COLUMN", "COLUMN_SPACE", "COMBINE", "Roles", "column_reductions",
+__all__ = ["BlockRole", "Roles", "column_reductions",
            "normalise_column", "column_view", "assign_roles", "crossings",
            "copy_across_barrier"]

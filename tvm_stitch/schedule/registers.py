@@ -32,7 +32,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.sym import Analyzer
 
-from ..plan import Group, StorageLevel
+from ..plan import BufferRole, Group, StorageLevel
 from .blocks import LOCAL, name_of, readers
 
 WHOLE_STEPS_SLACK = 16
@@ -43,7 +43,7 @@ fraction of the row (a 32000-element row over 1024 threads: 768 of 32768, about 
 def held_inputs(group: Group) -> list[str]:
     """Names of the inputs ``group`` holds in registers."""
     return [b.name for b in group.buffers
-            if b.role == "input" and b.level is StorageLevel.REGISTER]
+            if b.role is BufferRole.INPUT and b.level is StorageLevel.REGISTER]
 
 
 def hold_inputs(sch: s_tir.Schedule, group: Group) -> s_tir.Schedule:

@@ -11,6 +11,7 @@ lets one thread block keep the row in shared memory and never look at another bl
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from math import prod
 
 import tvm
@@ -152,35 +153,42 @@ def _has_load(expr: tvm.ir.PrimExpr) -> bool:
     return bool(found)
 
 
-def access_rows(info: BlockRows, region: tvm.ir.TensorRegion, rows: int) -> str:
-    """How an access of ``info``'s block touches rows: ``aligned`` (its own row only),
-    ``independent`` (the same data for every row, e.g. a bias), or ``other``.
+class RowAccess(StrEnum):
+    """How an access of a row block touches the rows of its buffer."""
+
+    ALIGNED = "aligned"  # its own row only
+    INDEPENDENT = "independent"  # the same data for every row (a bias)
+    OTHER = "other"  # other rows, or rows it cannot tell
+
+
+def access_rows(info: BlockRows, region: tvm.ir.TensorRegion, rows: int) -> RowAccess:
+    """How an access of ``info``'s block touches rows (``RowAccess``).
 
     Data-dependent indices (a gather) are allowed inside the row, not in the row dimensions.
     """
     shape = shape_values(region.source.shape)
     if shape is None:
-        return "other"
+        return RowAccess.OTHER
     row_vars = [i.var for i in info.row_iters]
     dims = list(region.region)
     dependent = [_has_load(r.min) or _has_load(r.extent) for r in dims]
     uses_rows = any(_uses_any(r.min, row_vars) or _uses_any(r.extent, row_vars) for r in dims)
     if not uses_rows and not any(dependent):
-        return "aligned" if rows == 1 else "independent"
+        return RowAccess.ALIGNED if rows == 1 else RowAccess.INDEPENDENT
     kb = prefix_split(shape, rows)
     if not kb or any(dependent[:kb]):
-        return "other"
+        return RowAccess.OTHER
     ana = _bound(info)
     if not all(ana.can_prove_equal(r.extent, 1) for r in dims[:kb]):
-        return "other"
+        return RowAccess.OTHER
     mine = _row_index(row_vars, [i.size for i in info.row_iters])
     theirs = _row_index([r.min for r in dims[:kb]], list(region.source.shape)[:kb])
     if mine is None or not ana.can_prove_equal(theirs, mine):
-        return "other"
+        return RowAccess.OTHER
     if any(not dep and _uses_any(r.min, row_vars) for r, dep in zip(dims[kb:], dependent[kb:],
                                                                     strict=True)):
-        return "other"
-    return "aligned"
+        return RowAccess.OTHER
+    return RowAccess.ALIGNED
 
 
 def permuted_row(info: BlockRows, region: tvm.ir.TensorRegion, rows: int) -> bool:
@@ -212,7 +220,7 @@ def reads_own_element(info: BlockRows, region: tvm.ir.TensorRegion, rows: int) -
     the block's elements then reads only those."""
     shape = shape_values(region.source.shape)
     kb = prefix_split(shape, rows) if shape is not None else None
-    if not kb or access_rows(info, region, rows) != "aligned" \
+    if not kb or access_rows(info, region, rows) is not RowAccess.ALIGNED \
             or prod(shape[kb:]) != info.elements:
         return False
     dims = list(region.region)[kb:]
