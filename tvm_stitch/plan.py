@@ -62,6 +62,7 @@ class BufferRole(StrEnum):
     PARTIAL = "partial"  # those partial sums written out, combined in the next phase
     PHASE_INPUT = "phase input"  # a column phase's result staged for a later row phase
     CROSSING = "crossing"  # a row reduction's result copied out for a later phase
+    SUM = "sum"  # a column phase's sum of partials, one column per thread
 
 
 class PhaseKind(StrEnum):
@@ -300,6 +301,9 @@ class Group:
     ``permuted_copies`` are the copy blocks of layout moves of whole rows inlined into their
     readers, and ``permuted_outputs`` the outputs such a move writes at permuted rows
     (``schedule.row_permutation``). ``launch`` is its kernel's launch configuration.
+    ``scalar_blocks`` are the blocks whose vector lanes run one after another although the
+    mapping's vector is wider (a boolean value in more lanes than TVM's CUDA code generator
+    takes).
     """
 
     id: int
@@ -320,6 +324,7 @@ class Group:
     row_split: int = 1
     permuted_copies: tuple[str, ...] = ()
     permuted_outputs: tuple[str, ...] = ()
+    scalar_blocks: tuple[str, ...] = ()
 
     @property
     def grid_barriers(self) -> int:
@@ -455,6 +460,8 @@ def format_plan(plan: StitchPlan) -> str:
             lines.append(f"  layout moves stitched in: {', '.join(g.permuted_copies)} inlined"
                          + (f"; {', '.join(g.permuted_outputs)} written at permuted rows"
                             if g.permuted_outputs else ""))
+        if g.scalar_blocks:
+            lines.append(f"  vector lanes one by one: {', '.join(g.scalar_blocks)}")
         if g.launch is not None:
             lines.append(f"  launch {g.launch}")
         for i, ph in enumerate(g.phases):

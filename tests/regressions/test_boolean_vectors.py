@@ -1,9 +1,10 @@
 """A float16 kernel moves eight halves per access, but TVM's CUDA code generator has no type
 for eight booleans: a comparison in such a vector failed to build ("Cannot convert type
 T.boolx8 to CUDA type", fuzz seed 2026 graph 386: a Where over a Global group's column
-softmax). Blocks with a boolean value keep at most four lanes (``emit.MAX_BOOLEAN_LANES``);
-checked in each mapping that vectorises: flat, rows, and a persistent grid's row phases.
-Owner: schedule/emit.py."""
+softmax). Blocks with a boolean value keep at most four lanes (``vectors.MAX_BOOLEAN_LANES``);
+checked in each mapping that vectorises: flat, rows, and a persistent grid's row phases. A
+flat group's plan names the blocks whose lanes stay scalar (``Group.scalar_blocks``).
+Owner: schedule/vectors.py."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import pytest
 from onnx import TensorProto, helper
 from regression_models import model, needs_stitch
 
+from tvm_stitch import verify
+from tvm_stitch.plan import MappingKind, StitchPlan
 from tvm_stitch.testing.differential import check_model
 
 pytestmark = needs_stitch
@@ -36,6 +39,19 @@ def test_float16_comparisons_build_and_match(shape: list[int], nodes: list) -> N
     outcome = check_model(built, "stitch", resources=True).to_dict()
     assert outcome["kind"] == "ok" and not outcome["violations"], outcome
     assert not outcome["fallbacks"], outcome["fallbacks"]
+
+
+def test_the_plan_names_a_flat_block_whose_eight_lanes_stay_scalar() -> None:
+    nodes = [helper.make_node("GreaterOrEqual", ["x", "zero"], ["m"]),
+             helper.make_node("Where", ["m", "x", "two"], ["y"]),
+             helper.make_node("Add", ["x", "two"], ["z"])]
+    built = model(nodes, {"x": [528, 1024]}, {"y": [528, 1024], "z": [528, 1024]},
+                  {"zero": np.zeros((), np.float16), "two": np.full((), 2, np.float16)},
+                  elem_type=TensorProto.FLOAT16)
+    (group,) = StitchPlan.of_module(verify.compile_model(built, "stitch")).groups
+    assert group.mapping.kind is MappingKind.FLAT and group.mapping.vector == 8, group
+    assert len(group.scalar_blocks) == 1 and "where" in group.scalar_blocks[0].lower(), group
+    assert "vector lanes one by one" in str(StitchPlan(groups=(group,)))
 
 
 def test_a_comparison_of_the_row_maximum_builds_for_cuda() -> None:

@@ -155,3 +155,17 @@ def cache_reused_outputs(sch: s_tir.Schedule, func: tirx.PrimFunc, scope: str,
             sch.cache_write(block, index, scope, consumer_blocks=users)
             names.append(param.name)
     return names
+
+
+def split_sinks(sch: s_tir.Schedule, among: set[str] | None = None
+                ) -> tuple[list[SBlockRV], list[SBlockRV]]:
+    """Blocks whose results no other block reads, and the others (with ``among``: only
+    those blocks, and only reads by them count)."""
+    blocks = [b for b in child_blocks(sch) if among is None or name_of(sch, b) in among]
+    found, others = [], []
+    for b in blocks:
+        written = [w.source for w in sch.get(b).writes]
+        used = any(among is None or name_of(sch, r) in among
+                   for buf in written for r in readers(sch, buf, exclude=b))
+        (others if used else found).append(b)
+    return found, others

@@ -61,6 +61,7 @@ from .blocks import (
     name_of,
     prepare,
     readers,
+    split_sinks,
     written_params,
 )
 from .emit import kernel
@@ -88,6 +89,7 @@ from .phases import (
     copy_across_barrier,
     crossings,
     normalise_column,
+    register_sum,
 )
 from .row_permutation import permute_rows
 from .rows import (
@@ -103,6 +105,7 @@ from .rows import (
     rows_sharing,
 )
 from .task_split import combine_per_reader, split_output_copies, split_parts, split_rows
+from .vectors import lanes_fit_booleans
 
 logger = logging.getLogger(__name__)
 
@@ -304,9 +307,12 @@ def _decide_flat(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, reused:
         # innermost axis (fuzz graph 4242:320, (4, 256, 14, 14) in vectors of 4: wrong
         # numbers), would be a bounding box around the vector
         mapping = replace(mapping, vector=1)
+    sinks, _ = split_sinks(sch)
+    scalar = tuple(name_of(sch, b) for b in sinks
+                   if not lanes_fit_booleans(sch.get(b), mapping.vector))
     return replace(group, mapping=mapping, inlined=tuple(inlined),
                    buffers=buffers + tuple(kept) + tuple(staged), shared_bytes=0,
-                   shared_budget=0,
+                   shared_budget=0, scalar_blocks=scalar,
                    launch=_launch(gpu, mapping.threads_per_block, 0, _grid(mapping)))
 
 
@@ -562,10 +568,32 @@ def _decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows:
                     "partial sum of the block's row tile", name)
         for name in (*accumulators, *in_registers))
     return replace(group, mapping=mapping, inlined=tuple(dec.inlined),
-                   buffers=_buffers(dec, mapping, reused) + accumulated + partials + staged,
+                   buffers=_buffers(dec, mapping, reused) + accumulated + partials + staged
+                   + _column_sums(sch, phases, mapping.threads_per_block),
                    shared_bytes=shared, shared_budget=budget,
                    demotions=tuple(dec.demotions), launch=replace(launch, grid=grid),
                    phases=phases)
+
+
+def _column_sums(sch: s_tir.Schedule, phases: tuple[Phase, ...], threads: int
+                 ) -> tuple[Buffer, ...]:
+    """Where each column phase sums the partials it combines (a thread per column): in a
+    register stored once where ``phases.register_sum`` allows it, else in place in global
+    memory."""
+    sums = []
+    for phase in phases:
+        if phase.kind is not PhaseKind.COLUMNS:
+            continue
+        for name in phase.combines:
+            result = sch.get(sch.get_sblock(name)).writes[0].source
+            if register_sum(result, threads):
+                sums.append(Buffer(result.name, BufferRole.SUM, StorageLevel.REGISTER, 0,
+                                   "summed in a register, stored once", name))
+            else:
+                sums.append(Buffer(result.name, BufferRole.SUM, StorageLevel.GLOBAL, 0,
+                                   "summed in place: not one axis of whole threads of "
+                                   f"{threads}", name))
+    return tuple(sums)
 
 
 def _partial_sums_in_registers(roles: Roles, mapping: ThreadMapping) -> dict[str, int]:

@@ -29,7 +29,6 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.schedule import LoopRV, SBlockRV
-from tvm.sym import Analyzer
 
 from ..plan import (
     BufferRole,
@@ -51,6 +50,7 @@ from .blocks import (
     name_of,
     prepare,
     readers,
+    split_sinks,
     writer,
     written_params,
 )
@@ -64,11 +64,12 @@ from .persistent import (
     with_launch_bounds,
     with_root,
 )
-from .phases import copy_across_barrier, normalise_column
+from .phases import copy_across_barrier, normalise_column, register_sum
 from .registers import hold_inputs
 from .row_permutation import RowPermutation, permute_rows
 from .rows import Unstitchable, iters_of, row_element_map
 from .task_split import combine_per_reader, split_output_copies, split_rows
+from .vectors import aligned_vectors, lanes_fit_booleans
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ def emit(func: tirx.PrimFunc, group: Group) -> s_tir.Schedule:
     _cache_planned_outputs(sch, func, group, on_chip_scope(group.mapping))
     block_caches = _apply_storage(sch, func, group)
     if group.mapping.kind is MappingKind.FLAT:
-        _map_flat(sch, group.mapping)
+        _map_flat(sch, group.mapping, group.scalar_blocks)
     else:
         _map_rows(sch, group.mapping, group.mapping.rows, block_caches)
         if group.mapping.rows_expr and group.mapping.rows_per_block > 1:
@@ -181,25 +182,12 @@ def stage_input(sch: s_tir.Schedule, func: tirx.PrimFunc, name: str, scope: str)
     return sch.cache_read(users[0], index, scope, consumer_blocks=users)
 
 
-def _sinks(sch: s_tir.Schedule, among: set[str] | None = None
-           ) -> tuple[list[SBlockRV], list[SBlockRV]]:
-    """Blocks whose results no other block reads, and the others (with ``among``: only
-    those blocks, and only reads by them count)."""
-    blocks = [b for b in child_blocks(sch) if among is None or name_of(sch, b) in among]
-    sinks, others = [], []
-    for b in blocks:
-        written = [w.source for w in sch.get(b).writes]
-        used = any(among is None or name_of(sch, r) in among
-                   for buf in written for r in readers(sch, buf, exclude=b))
-        (others if used else sinks).append(b)
-    return sinks, others
-
-
-def _map_flat(sch: s_tir.Schedule, mapping: ThreadMapping) -> None:
+def _map_flat(sch: s_tir.Schedule, mapping: ThreadMapping, scalar_blocks: tuple[str, ...]
+              ) -> None:
     """``vector`` consecutive elements per thread: every sink's loops fused and split over
     (blockIdx.x, threadIdx.x, vector lanes), the sinks merged under one thread, the kept
-    producers computed at it; the lanes vectorised."""
-    sinks, others = _sinks(sch)
+    producers computed at it; the lanes vectorised, except in ``scalar_blocks``."""
+    sinks, others = split_sinks(sch)
     heads, threads = [], []
     for block in sinks:
         loops = sch.get_loops(block) or [sch.add_unit_loop(block)]
@@ -220,8 +208,10 @@ def _map_flat(sch: s_tir.Schedule, mapping: ThreadMapping) -> None:
         _register_per_thread(sch, block, shapes, mapping.vector)
     if mapping.vector > 1:
         for block in sinks:
-            if _lanes_fit_booleans(sch.get(block), mapping.vector):
-                sch.vectorize(sch.get_loops(block)[-1])
+            if name_of(sch, block) in scalar_blocks:
+                continue
+            assert lanes_fit_booleans(sch.get(block), mapping.vector), name_of(sch, block)
+            sch.vectorize(sch.get_loops(block)[-1])
 
 
 def _register_per_thread(sch: s_tir.Schedule, block: SBlockRV,
@@ -263,7 +253,7 @@ def _map_rows(sch: s_tir.Schedule, mapping: ThreadMapping, rows: int,
     walks ``row_steps`` groups of ``rows_per_block`` rows; the phases of each group are
     computed in that loop, inputs staged for the whole block (``block_caches``) before it."""
     flatten_rows(sch, rows, block_caches)
-    sinks, others = _sinks(sch)
+    sinks, others = split_sinks(sch)
     caches = [b for b in others if name_of(sch, b) in block_caches]
     others = [b for b in others if name_of(sch, b) not in block_caches]
     heads, steps, bindings = [], [], []
@@ -358,93 +348,16 @@ def _element_loop(sch: s_tir.Schedule, block: SBlockRV, elem: LoopRV,
 def _split_vectors(sch: s_tir.Schedule, block: SBlockRV, loop: LoopRV,
                    factors: list[int | None], vector: int) -> list[LoopRV]:
     """Split ``loop`` of ``block`` by ``factors`` and, when the block does not reduce, the
-    loop divides into vectors and ``_aligned_vectors`` holds, by ``vector`` lanes more
+    loop divides into vectors and ``vectors.aligned_vectors`` holds, by ``vector`` lanes more
     (vectorised: one access per vector); returns the loops of ``factors``."""
     spatial = all(int(iv.iter_type) == tirx.IterVar.DataPar for iv in sch.get(block).iter_vars)
     extent = sch.get(loop).extent
     if vector == 1 or not spatial or not isinstance(extent, tirx.IntImm) \
-            or int(extent) % vector or not _aligned_vectors(sch.get(block), vector):
+            or int(extent) % vector or not aligned_vectors(sch.get(block), vector):
         return sch.split(loop, factors)
     *loops, lane = sch.split(loop, [*factors, vector])
     sch.vectorize(lane)
     return loops
-
-
-def _aligned_vectors(block: s_tir.stmt.SBlock, vector: int) -> bool:
-    """Whether every vector of ``vector`` consecutive values of ``block``'s innermost
-    iterator is a whole aligned vector of every buffer access that moves with it: that
-    iterator's extent divides into vectors, and at a multiple of ``vector`` each such access
-    is at a multiple of ``vector`` elements of its buffer. TVM's CUDA code reads a vector it
-    cannot prove aligned lane by lane, each thread on ``vector`` consecutive elements: a
-    warp's load then spans ``vector`` times the cache lines it uses, where a scalar block
-    keeps consecutive threads on consecutive elements. Booleans limit the lanes
-    (``MAX_BOOLEAN_LANES``)."""
-    if not _lanes_fit_booleans(block, vector):
-        return False
-    inner = block.iter_vars[-1]
-    extent = inner.dom.extent
-    if not isinstance(extent, tirx.IntImm) or int(extent) % vector:
-        return False
-    step = tvm.ir.Var("vector_index", inner.var.ty.dtype)
-    at_vector = step * tirx.IntImm(str(inner.var.ty.dtype), vector)
-    ana = Analyzer()
-    for region in (*block.reads, *block.writes):
-        index = _flat_index(region)
-        moved = tvm_ffi.structural_map(
-            index, [(tvm.ir.Var, lambda v: at_vector if v.same_as(inner.var) else v)])
-        if moved.same_as(index):  # the same element for every lane: a broadcast
-            continue
-        found = ana.modular_set(moved)
-        if found.coeff % vector or found.base % vector:
-            return False
-    return True
-
-
-MAX_BOOLEAN_LANES = 4
-"""Most lanes of a vector with a boolean value in it (a comparison, a mask): TVM's CUDA code
-generator has no type for eight booleans ("Cannot convert type T.boolx8"), so an eight-lane
-float16 block that compares stays scalar (fuzz case g386)."""
-
-
-def _lanes_fit_booleans(block: s_tir.stmt.SBlock, vector: int) -> bool:
-    """Whether ``block`` may run ``vector`` lanes at once: any number without a boolean
-    value in it (computed or moved), at most ``MAX_BOOLEAN_LANES`` with one, and one when a
-    boolean value is the same for every lane (a comparison of the row's maximum): TVM's CUDA
-    code generator declares such a broadcast as a vector of the select's type
-    (``float4 v = make_ushort4(...)``), which nvcc rejects (fuzz seed 2027, graph 85)."""
-    if vector == 1:
-        return True
-    found: list[tvm.ir.Expr] = []
-    tvm_ffi.structural_walk(block.body, [(tvm.ir.Expr, lambda e: found.append(e)
-                                          if str(e.ty.dtype).startswith("bool") else None)])
-    inner = block.iter_vars[-1].var if block.iter_vars else None
-    if any(inner is None or not _uses(e, inner) for e in found):
-        return False
-    if vector <= MAX_BOOLEAN_LANES:
-        return True
-    return not found and all(str(r.source.dtype) != "bool"
-                             for r in (*block.reads, *block.writes))
-
-
-def _uses(expr: tvm.ir.Expr, var: tvm.ir.Var) -> bool:
-    seen: list[tvm.ir.Var] = []
-    tvm_ffi.structural_walk(expr, [(tvm.ir.Var, seen.append)])
-    return any(v.same_as(var) for v in seen)
-
-
-def _flat_index(region: tvm.ir.TensorRegion) -> tvm.ir.PrimExpr:
-    """The element offset of a region's first element in its buffer's memory."""
-    buffer = region.source
-    strides = list(buffer.strides)
-    if not strides:
-        stride, strides = 1, []
-        for dim in reversed(list(buffer.shape)):
-            strides.insert(0, stride)
-            stride = dim * stride
-    index = buffer.elem_offset
-    for r, stride in zip(region.region, strides, strict=True):
-        index = index + r.min * stride
-    return index
 
 
 def _thread_loop(sch: s_tir.Schedule, elem: LoopRV, mapping: ThreadMapping) -> LoopRV:
@@ -506,7 +419,9 @@ def _emit_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group) -> s_ti
                            caches, per_row, phase.column_tiles, phase.combines, held)
         else:
             _map_column_phase(sch, mapping.threads_per_block, list(phase.combines),
-                              [n for n in phase.blocks if n not in phase.combines])
+                              [n for n in phase.blocks if n not in phase.combines],
+                              {b.block for b in group.buffers if b.role is BufferRole.SUM
+                               and b.level is StorageLevel.REGISTER})
     if mapping.row_steps > 1:
         _index_rows_in_block(sch, mapping.rows_per_block, _row_buffers(group))
     return hold_inputs(sch, group)
@@ -635,7 +550,7 @@ def _map_row_phase(sch: s_tir.Schedule, mapping: ThreadMapping, names: set[str],
         _map_lanes(sch, mapping, accumulators[0], write_outs[0], column_tiles)
         return
     flatten_rows(sch, mapping.rows, [], only=names)
-    sinks, others = _sinks(sch, names | set(accumulators))
+    sinks, others = split_sinks(sch, names | set(accumulators))
     heads, steps, bindings = [], [], []
     for block in sinks:
         if name_of(sch, block) in accumulators:
@@ -764,9 +679,10 @@ def _bind_inner_loops(sch: s_tir.Schedule, block: SBlockRV, outer: int,
 
 
 def _map_column_phase(sch: s_tir.Schedule, threads: int, combines: list[str],
-                      column_space: list[str]) -> None:
+                      column_space: list[str], in_registers: set[str]) -> None:
     """A column phase: a thread per column sums the partials of each column reduction
-    (``combines``, loops: tile, column) in tile order, in a register; each column-space
+    (``combines``, loops: tile, column) in tile order, in a register where the plan says so
+    (``in_registers``), else in place; each column-space
     block, walked as one flat loop over its columns, runs in the same task and thread as
     the sums of those columns, after them (it reads only what that thread wrote). Blocks of
     other widths get nests of their own (a grid barrier apart)."""
@@ -794,13 +710,11 @@ def _map_column_phase(sch: s_tir.Schedule, threads: int, combines: list[str],
         outer = sch.merge(*loops) if len(loops) > 1 else loops[0]
         sch.bind(outer, "blockIdx.x")
     for name in combines:  # after the merge, which loses the block index of later blocks
+        if name not in in_registers:
+            continue
         block = sch.get_sblock(name)
         result = sch.get(block).writes[0].source
-        dims = [int(d) for d in result.shape if int(d) > 1]
-        if len(dims) != 1 or dims[0] % threads:
-            # the copy out of a register would be derived for whole threads and lose the
-            # guard of a partial one (or of a 0-d sum): accumulate in place instead
-            continue
+        assert register_sum(result, threads), (name, list(result.shape), threads)
         total = sch.cache_write(block, 0, LOCAL)  # the sum in a register, stored once
         sch.reverse_compute_at(total, sch.get_loops(block)[1], preserve_unit_loops=True)
         _one_register(sch, block, result)

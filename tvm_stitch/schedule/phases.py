@@ -279,6 +279,15 @@ def crossings(sch: s_tir.Schedule, roles: Roles) -> list[tuple[str, str]]:
     return found
 
 
+def register_sum(result: tirx.Buffer, threads: int) -> bool:
+    """Whether a column phase may sum ``result``'s partials in a register of each column's
+    thread and store it once: ``result`` has one axis longer than 1 and ``threads`` divide
+    it (a copy out of a register is derived for whole threads, and would lose the guard of
+    a partial one, or of a 0-d sum)."""
+    dims = [int(d) for d in result.shape if int(d) > 1]
+    return len(dims) == 1 and dims[0] % threads == 0
+
+
 def copy_across_barrier(sch: s_tir.Schedule, producer: str, later: set[str]) -> str:
     """Copy the result of the row reduction ``producer`` to global memory in its own phase
     for the blocks ``later``, which read it after a grid barrier; returns the copy's name.
@@ -295,4 +304,4 @@ def copy_across_barrier(sch: s_tir.Schedule, producer: str, later: set[str]) -> 
 
 __all__ = ["BlockRole", "Roles", "column_reductions",
            "normalise_column", "column_view", "assign_roles", "crossings",
-           "copy_across_barrier"]
+           "copy_across_barrier", "register_sum"]

@@ -1,0 +1,86 @@
+"""Which blocks may access their buffers in vectors: aligned whole vectors, and the lanes
+TVM's CUDA code generator can give a boolean value."""
+
+from __future__ import annotations
+
+import tvm
+import tvm_ffi
+from tvm import s_tir, tirx
+from tvm.sym import Analyzer
+
+
+def aligned_vectors(block: s_tir.stmt.SBlock, vector: int) -> bool:
+    """Whether every vector of ``vector`` consecutive values of ``block``'s innermost
+    iterator is a whole aligned vector of every buffer access that moves with it: that
+    iterator's extent divides into vectors, and at a multiple of ``vector`` each such access
+    is at a multiple of ``vector`` elements of its buffer. TVM's CUDA code reads a vector it
+    cannot prove aligned lane by lane, each thread on ``vector`` consecutive elements: a
+    warp's load then spans ``vector`` times the cache lines it uses, where a scalar block
+    keeps consecutive threads on consecutive elements. Booleans limit the lanes
+    (``MAX_BOOLEAN_LANES``)."""
+    if not lanes_fit_booleans(block, vector):
+        return False
+    inner = block.iter_vars[-1]
+    extent = inner.dom.extent
+    if not isinstance(extent, tirx.IntImm) or int(extent) % vector:
+        return False
+    step = tvm.ir.Var("vector_index", inner.var.ty.dtype)
+    at_vector = step * tirx.IntImm(str(inner.var.ty.dtype), vector)
+    ana = Analyzer()
+    for region in (*block.reads, *block.writes):
+        index = _flat_index(region)
+        moved = tvm_ffi.structural_map(
+            index, [(tvm.ir.Var, lambda v: at_vector if v.same_as(inner.var) else v)])
+        if moved.same_as(index):  # the same element for every lane: a broadcast
+            continue
+        found = ana.modular_set(moved)
+        if found.coeff % vector or found.base % vector:
+            return False
+    return True
+
+
+MAX_BOOLEAN_LANES = 4
+"""Most lanes of a vector with a boolean value in it (a comparison, a mask): TVM's CUDA code
+generator has no type for eight booleans ("Cannot convert type T.boolx8"), so an eight-lane
+float16 block that compares stays scalar (fuzz case g386)."""
+
+
+def lanes_fit_booleans(block: s_tir.stmt.SBlock, vector: int) -> bool:
+    """Whether ``block`` may run ``vector`` lanes at once: any number without a boolean
+    value in it (computed or moved), at most ``MAX_BOOLEAN_LANES`` with one, and one when a
+    boolean value is the same for every lane (a comparison of the row's maximum): TVM's CUDA
+    code generator declares such a broadcast as a vector of the select's type
+    (``float4 v = make_ushort4(...)``), which nvcc rejects (fuzz seed 2027, graph 85)."""
+    if vector == 1:
+        return True
+    found: list[tvm.ir.Expr] = []
+    tvm_ffi.structural_walk(block.body, [(tvm.ir.Expr, lambda e: found.append(e)
+                                          if str(e.ty.dtype).startswith("bool") else None)])
+    inner = block.iter_vars[-1].var if block.iter_vars else None
+    if any(inner is None or not _uses(e, inner) for e in found):
+        return False
+    if vector <= MAX_BOOLEAN_LANES:
+        return True
+    return not found and all(str(r.source.dtype) != "bool"
+                             for r in (*block.reads, *block.writes))
+
+
+def _uses(expr: tvm.ir.Expr, var: tvm.ir.Var) -> bool:
+    seen: list[tvm.ir.Var] = []
+    tvm_ffi.structural_walk(expr, [(tvm.ir.Var, seen.append)])
+    return any(v.same_as(var) for v in seen)
+
+
+def _flat_index(region: tvm.ir.TensorRegion) -> tvm.ir.PrimExpr:
+    """The element offset of a region's first element in its buffer's memory."""
+    buffer = region.source
+    strides = list(buffer.strides)
+    if not strides:
+        stride, strides = 1, []
+        for dim in reversed(list(buffer.shape)):
+            strides.insert(0, stride)
+            stride = dim * stride
+    index = buffer.elem_offset
+    for r, stride in zip(region.region, strides, strict=True):
+        index = index + r.min * stride
+    return index
