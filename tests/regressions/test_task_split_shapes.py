@@ -5,12 +5,13 @@ Fuzz graphs 4242:9 and :13: a LayerNormalization over axis -2 of (1000, 31) (one
 splitting refused "intermediate T_layer_norm_intermediate [1000, 31] is not laid out as 1
 rows of 31000", and a block per row needs more registers than a thread has. Split rows now
 take intermediates whose row-major layout is the rows, whatever their shape
-(schedule/task_split.py)."""
+(schedule/task_split.py). The combinations of split rows are checked too (fuzz graphs
+4242:1223 and :1236)."""
 
 from __future__ import annotations
 
 import numpy as np
-from onnx import helper
+from onnx import TensorProto, helper
 from regression_models import model
 
 from tvm_stitch import verify
@@ -71,4 +72,21 @@ def test_a_split_row_reduced_to_one_value_keeps_its_combination_a_reduction() ->
     built = model(nodes, {"x": [3, 4097]}, {"e": [3, 4097], "n": [1, 3, 4097]},
                   {"s": np.array([1, 3, 4097], np.int64),
                    "g": np.linspace(0.5, 1.5, 3 * 4097, dtype=np.float32).reshape(3, 4097)})
+    _split_and_right(built)
+
+
+def test_a_combination_read_by_two_blocks_runs_as_float16_on_the_simt_runner() -> None:
+    # fuzz graph 4242:1236: a float16 LayerNormalization over one row of 2048, then a
+    # softmax of it in float32: the split variance's combination gets a copy per reader,
+    # declared with decl_buffer's default layout, which makes a one-element buffer a scalar;
+    # TVMScript printed its write-back as ``X.source[0]`` and the SIMT runner's float16
+    # retyping could not parse it back (a crash of ours; the CUDA build was fine)
+    nodes = [helper.make_node("LayerNormalization", ["x", "g", "b"], ["n"], axis=1),
+             helper.make_node("Cast", ["n"], ["c"], to=TensorProto.FLOAT),
+             helper.make_node("Softmax", ["c"], ["s"], axis=1),
+             helper.make_node("Cast", ["s"], ["y"], to=TensorProto.FLOAT16)]
+    built = model(nodes, {"x": [1, 2048]}, {"y": [1, 2048]},
+                  {"g": np.linspace(0.5, 1.5, 2048, dtype=np.float16),
+                   "b": np.linspace(-0.5, 0.5, 2048, dtype=np.float16)},
+                  elem_type=TensorProto.FLOAT16)
     _split_and_right(built)

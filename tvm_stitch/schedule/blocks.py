@@ -108,7 +108,7 @@ def unique_buffer_names(func: tirx.PrimFunc) -> tirx.PrimFunc:
         seen.add(name)
         if name != buf.name:
             renamed.append((buf, tirx.decl_buffer(buf.shape, buf.dtype, name=name,
-                                                  scope=buf.scope())))
+                                                  scope=buf.scope(), layout=buf.layout)))
     if not renamed:
         return func
 

@@ -176,7 +176,11 @@ def combine_per_reader(sch: s_tir.Schedule, func: tirx.PrimFunc) -> s_tir.Schedu
         users = [name_of(sch, u) for u in readers(sch, result, exclude=block)]
         (nest,) = [n for n in nests if name_of(sch, block) in blocks_in(n)]
         for user in users if result.name in params else users[1:]:
-            copy = tirx.decl_buffer(result.shape, result.dtype, f"{result.name}_{user}")
+            # layout=None as TVM's own buffers: decl_buffer's default TileLayout makes a
+            # one-element buffer a scalar, which TVMScript prints as ``X.source[0]`` and cannot
+            # parse back (the SIMT runner's float16 retyping; fuzz graph 4242:1236)
+            copy = tirx.decl_buffer(result.shape, result.dtype, f"{result.name}_{user}",
+                                    scope=result.scope(), layout=None)
             allocs.append(copy)
             names.add(copy.name)
             nests.insert(nests.index(nest), _renamed(_with_buffer(nest, result, copy),
