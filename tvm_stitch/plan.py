@@ -110,24 +110,22 @@ class Demotion:
 
     def __str__(self) -> str:
         over = f"({self.used} B of shared memory > {self.budget} B)"
-        kind = self.kind
-        if kind is DemotionKind.HELD_IN_REGISTERS:
-            return f"input {self.subject} held in registers {over}"
-        if kind is DemotionKind.REREAD:
-            return f"input {self.subject} re-read from global memory {over}"
-        if kind is DemotionKind.BLOCK_INPUT_REREAD:
-            return (f"input {self.subject} (shared by the block's rows) re-read from global "
-                    f"memory {over}")
-        if kind is DemotionKind.FEWER_ROWS_PER_BLOCK:
-            return f"rows per block {self.before} -> {self.after} {over}"
-        if kind is DemotionKind.RECOMPUTED:
-            return f"intermediate {self.subject} recomputed by its readers {over}"
-        if kind is DemotionKind.PARTIAL_SUMS_IN_REGISTERS:
-            return (f"partial sums of the column reductions in registers, {self.after} per "
-                    f"thread ({self.used} B of shared memory > a quarter of {self.budget} B)")
-        if kind is DemotionKind.FEWER_ROW_TILES:
-            return f"row tiles {self.before} -> {self.after}: {self.detail}"
-        return f"row tiles stay {self.before}: {self.detail}"
+        return _DEMOTION_TEXT[self.kind].format(over=over, **asdict(self))
+
+
+_DEMOTION_TEXT = {
+    DemotionKind.HELD_IN_REGISTERS: "input {subject} held in registers {over}",
+    DemotionKind.REREAD: "input {subject} re-read from global memory {over}",
+    DemotionKind.BLOCK_INPUT_REREAD:
+        "input {subject} (shared by the block's rows) re-read from global memory {over}",
+    DemotionKind.FEWER_ROWS_PER_BLOCK: "rows per block {before} -> {after} {over}",
+    DemotionKind.RECOMPUTED: "intermediate {subject} recomputed by its readers {over}",
+    DemotionKind.PARTIAL_SUMS_IN_REGISTERS:
+        "partial sums of the column reductions in registers, {after} per thread ({used} B of "
+        "shared memory > a quarter of {budget} B)",
+    DemotionKind.FEWER_ROW_TILES: "row tiles {before} -> {after}: {detail}",
+    DemotionKind.ROW_TILES_KEPT: "row tiles stay {before}: {detail}",
+}
 
 
 @dataclass(frozen=True)
@@ -216,6 +214,7 @@ class Buffer:
     block and shared by all the rows the block handles (a bias, a scale, a mask row).
     ``registers`` is the elements each thread holds of a buffer whose register size the plan
     fixes (the partial sums of a column reduction kept in registers), 0 otherwise.
+    ``readers`` are the blocks of later phases that read a crossing buffer's copy.
     """
 
     name: str
@@ -226,6 +225,7 @@ class Buffer:
     block: str = ""
     per_block: bool = False
     registers: int = 0
+    readers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -277,7 +277,8 @@ class Phase:
     ``tasks`` is its number of
     virtual blocks, looped over the persistent grid. A rows phase of column reductions alone
     may give each task one of ``column_tiles`` tiles of the columns of its row tile (its
-    tasks are then row tiles x column tiles).
+    tasks are then row tiles x column tiles); a tile narrower than the block gives each of
+    its columns ``lanes`` threads, each on a part of the tile's rows.
     """
 
     kind: PhaseKind
@@ -286,6 +287,7 @@ class Phase:
     partials: tuple[str, ...] = ()
     combines: tuple[str, ...] = ()
     column_tiles: int = 1
+    lanes: int = 1
 
 
 @dataclass(frozen=True)
@@ -301,9 +303,10 @@ class Group:
     ``permuted_copies`` are the copy blocks of layout moves of whole rows inlined into their
     readers, and ``permuted_outputs`` the outputs such a move writes at permuted rows
     (``schedule.row_permutation``). ``launch`` is its kernel's launch configuration.
-    ``scalar_blocks`` are the blocks whose vector lanes run one after another although the
-    mapping's vector is wider (a boolean value in more lanes than TVM's CUDA code generator
-    takes).
+    ``scalar_blocks`` are the blocks that access memory one element at a time although the
+    mapping's vector is wider: accesses not provably whole aligned vectors
+    (``schedule.vectors``), or a boolean value in more lanes than TVM's CUDA code generator
+    takes; reductions always do.
     """
 
     id: int
@@ -461,13 +464,14 @@ def format_plan(plan: StitchPlan) -> str:
                          + (f"; {', '.join(g.permuted_outputs)} written at permuted rows"
                             if g.permuted_outputs else ""))
         if g.scalar_blocks:
-            lines.append(f"  vector lanes one by one: {', '.join(g.scalar_blocks)}")
+            lines.append(f"  scalar accesses: {', '.join(g.scalar_blocks)}")
         if g.launch is not None:
             lines.append(f"  launch {g.launch}")
         for i, ph in enumerate(g.phases):
             barrier = "; grid barrier" if i + 1 < len(g.phases) else ""
             tiles = (f": {ph.tasks // ph.column_tiles} row tiles x {ph.column_tiles} column "
                      "tiles" if ph.column_tiles > 1 else "")
+            tiles += f", {ph.lanes} threads per column" if ph.lanes > 1 else ""
             lines.append(f"  phase {i} ({ph.kind.value}, {ph.tasks} tasks{tiles}): "
                          f"{', '.join(ph.blocks)}{barrier}")
         for d in g.demotions:

@@ -51,7 +51,7 @@ def test_the_plan_names_a_flat_block_whose_eight_lanes_stay_scalar() -> None:
     (group,) = StitchPlan.of_module(verify.compile_model(built, "stitch")).groups
     assert group.mapping.kind is MappingKind.FLAT and group.mapping.vector == 8, group
     assert len(group.scalar_blocks) == 1 and "where" in group.scalar_blocks[0].lower(), group
-    assert "vector lanes one by one" in str(StitchPlan(groups=(group,)))
+    assert "scalar accesses" in str(StitchPlan(groups=(group,)))
 
 
 def test_a_comparison_of_the_row_maximum_builds_for_cuda() -> None:

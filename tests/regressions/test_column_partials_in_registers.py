@@ -6,7 +6,7 @@ backward at real size (18,432 B: the bias gradient of the 3072-wide FFN and the 
 weight gradients) fell back: partial sums above a quarter of the 48 KB shared budget were
 refused ("needs tiles of columns"). A row phase gives column ``c`` of every row of its tile
 to thread ``c % P``, so each thread now sums its ``ceil(width / P)`` columns in registers and
-writes them out once per tile. Owner: schedule/decisions.py (``_decide_global``),
+writes them out once per tile. Owner: schedule/decisions/global_stitch.py (``decide_global``),
 schedule/emit.py (``_hold_partial_sums``)."""
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ them came out empty and an exception gave up stitching for the whole module (TVM
 only, right numbers, no plan). Options wider than the wave are skipped now. The saved graph's
 column reduction was TVM's import of a variadic Min (a stack and a min over it), which the
 stitch flow now folds element-wise (transform/stack_reduction.py), so the skipping is
-checked on the choice itself. Owner: schedule/decisions.py (``_tiles``)."""
+checked on the choice itself. Owner: schedule/decisions/tiles.py (``choose_tiles``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from regression_models import needs_stitch
 
 from tvm_stitch import verify
 from tvm_stitch.plan import StitchPlan
-from tvm_stitch.schedule.decisions import _column_tile_options, _tiles
+from tvm_stitch.schedule.decisions.tiles import choose_tiles, column_tile_options
 from tvm_stitch.schedule.phases import BlockRole, Roles
 
 pytestmark = needs_stitch
@@ -31,7 +31,7 @@ def test_the_saved_graph_compiles_without_giving_up() -> None:
 
 def test_column_tiles_wider_than_a_wave_are_skipped() -> None:
     roles = Roles(kinds={"min": BlockRole.COLUMN}, levels={"min": 0}, widths={"min": 6144})
-    options = _column_tile_options(roles, 1024)
+    options = column_tile_options(roles, 1024)
     assert options[0] == 192  # warp-wide tiles: more than the wave of 132
-    tiles, column_tiles = _tiles(options, roles, 2, 1024, 132, 2 * 6144)
+    tiles, column_tiles = choose_tiles(options, roles, 2, 1024, 132, 2 * 6144)
     assert column_tiles in options[1:] and tiles * column_tiles <= 132

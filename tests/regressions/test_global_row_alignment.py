@@ -10,7 +10,7 @@ when its column count equals the row count.
 - The bias gradient of a square layer, a sum over (B, S) of (B, S, H) with B x S = H (2 x 32
   rows of 64: mlp_backward at ci), looked like H row sums; it is a column reduction, and the
   LayerNorm backward around it is one Global kernel.
-Owner: schedule/decisions.py, schedule/phases.py (``column_reductions``)."""
+Owner: schedule/decisions/, schedule/phases.py (``column_reductions``)."""
 
 from __future__ import annotations
 

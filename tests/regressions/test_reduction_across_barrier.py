@@ -32,7 +32,10 @@ def test_a_softmax_over_row_means_stitches(rows: int, length: int) -> None:
     plan = StitchPlan.of_module(verify.compile_model(built, "stitch"))
     assert not plan.fallbacks, plan
     (group,) = plan.groups
-    assert any(b.role is BufferRole.CROSSING for b in group.buffers), group
+    (crossing,) = [b for b in group.buffers if b.role is BufferRole.CROSSING]
+    later = [p for p in group.phases if crossing.block not in p.blocks]
+    assert crossing.readers and all(any(r in p.blocks for p in later)
+                                    for r in crossing.readers), crossing
     outcome = check_model(built, "stitch")
     assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
 

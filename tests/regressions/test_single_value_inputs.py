@@ -4,7 +4,7 @@ Fuzz graphs 4242:81, :140, :202, :226, :331, :353, :370 (large 0.05): a reductio
 whole tensor (one row) with a 0-d or one-element operand fell back with "block
 const1_shared: compute-at made 0 loops for (row, element)". Staging that operand per row
 made a copy block without loops; every thread reads the same word, which the cache serves
-(schedule/decisions.py, ``_single_value``)."""
+(schedule/decisions/rows.py, ``_single_value``)."""
 
 from __future__ import annotations
 

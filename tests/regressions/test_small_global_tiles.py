@@ -4,7 +4,7 @@ fills the wave.
 Fuzz graphs 4242:46, :151, :185 (large 0.05): a column softmax over (257, 5) fell back with
 "257 rows do not split into about one wave of 32 tiles (at most 1)". Row tiles must divide
 the rows, and 257 is prime. On 1285 elements one tile is no loss (and one kernel replaces
-TVM's several); on a large tensor the refusal stands (schedule/decisions.py,
+TVM's several); on a large tensor the refusal stands (schedule/decisions/tiles.py,
 ``SMALL_GLOBAL_ELEMENTS``)."""
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ plan.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import tvm
 import tvm_ffi
@@ -69,7 +69,7 @@ from .registers import hold_inputs
 from .row_permutation import RowPermutation, permute_rows
 from .rows import Unstitchable, iters_of, row_element_map
 from .task_split import combine_per_reader, split_output_copies, split_rows
-from .vectors import aligned_vectors, lanes_fit_booleans
+from .vectors import aligned_vectors, lanes_fit_booleans, spatial_block
 
 
 @dataclass(frozen=True)
@@ -107,6 +107,58 @@ def kernel(func: tirx.PrimFunc, group: Group) -> Kernel:
 def emit(func: tirx.PrimFunc, group: Group) -> s_tir.Schedule:
     """Schedule ``func`` (the fused PrimFunc of ``group``) as the plan says: one kernel, or
     for a Global group one launch nest per phase (``kernel`` merges them)."""
+    done = rewritten(func, group)
+    sch = done.sch
+    if group.phases:
+        return _map_global(done, group)
+    if group.mapping.kind is MappingKind.FLAT:
+        _map_flat(sch, group.mapping, group.scalar_blocks)
+        return sch
+    _map_rows(sch, group.mapping, done.block_caches, group.scalar_blocks)
+    if group.mapping.rows_expr and group.mapping.rows_per_block > 1:
+        _index_rows_in_block(sch, group.mapping.rows_per_block)
+    return hold_inputs(sch, group)
+
+
+@dataclass
+class Rewritten:
+    """A group's PrimFunc after the TIR rewrites of its plan, before any loop is mapped to
+    threads, and what the mapping needs of them. ``block_caches`` are the inputs staged once
+    per thread block. A Global group's rewrite also has each column reduction's partial sum
+    and write-out blocks (``partials``), the partial sums kept in registers (``held``:
+    accumulator -> slots per thread), the phase of every block (``phase_of``), each row
+    phase's row blocks (``row_blocks``) and the caches staged for it once per tile and once
+    per row (``tile_caches``, ``row_caches``)."""
+
+    sch: s_tir.Schedule
+    block_caches: list[str]
+    partials: dict[str, tuple[str, str]] = field(default_factory=dict)
+    held: dict[str, int] = field(default_factory=dict)
+    phase_of: dict[str, int] = field(default_factory=dict)
+    row_blocks: dict[int, set[str]] = field(default_factory=dict)
+    tile_caches: dict[int, list[SBlockRV]] = field(default_factory=dict)
+    row_caches: dict[int, list[SBlockRV]] = field(default_factory=dict)
+
+    def vectorisable(self) -> list[SBlockRV]:
+        """The blocks whose accesses the mapping may take in vectors: every block of a row
+        group; a Global group's blocks of row phases, and the caches staged for them (whose
+        names may repeat: a column result staged for two phases)."""
+        blocks = child_blocks(self.sch)
+        if not self.phase_of:
+            return blocks
+        caches = [c for lists in (self.tile_caches, self.row_caches) for cs in lists.values()
+                  for c in cs]
+        names = {n for rows in self.row_blocks.values() for n in rows} \
+            | {w for _, w in self.partials.values()} | set(self.block_caches)
+        return [b for b in blocks if name_of(self.sch, b) in names] + caches
+
+
+def rewritten(func: tirx.PrimFunc, group: Group) -> Rewritten:
+    """The TIR rewrites the plan of ``group`` makes to ``func``, one step that deciding (to
+    see the blocks it maps) and emission both take: prepared, layout moves permuted, the
+    outputs read inside cached, Local blocks inlined, Regional ones given their scope,
+    inputs staged; every row block in (row, element) form; for a Global group also rows
+    split, partial sums made and the blocks ordered by phase."""
     if group.mapping is None:
         raise Unstitchable(f"group {group.id} has no thread mapping")
     func = prepare(func)
@@ -117,17 +169,12 @@ def emit(func: tirx.PrimFunc, group: Group) -> s_tir.Schedule:
     sch = s_tir.Schedule(func)
     add_unit_loops(sch)
     if group.phases:
-        return _emit_global(sch, func, group)
+        return _rewritten_global(sch, func, group)
     _cache_planned_outputs(sch, func, group, on_chip_scope(group.mapping))
     block_caches = _apply_storage(sch, func, group)
-    if group.mapping.kind is MappingKind.FLAT:
-        _map_flat(sch, group.mapping, group.scalar_blocks)
-    else:
-        _map_rows(sch, group.mapping, group.mapping.rows, block_caches)
-        if group.mapping.rows_expr and group.mapping.rows_per_block > 1:
-            _index_rows_in_block(sch, group.mapping.rows_per_block)
-        sch = hold_inputs(sch, group)
-    return sch
+    if group.mapping.kind is not MappingKind.FLAT:
+        flatten_rows(sch, group.mapping.rows, block_caches)
+    return Rewritten(sch, block_caches)
 
 
 def _cache_planned_outputs(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group,
@@ -247,12 +294,12 @@ def _lane_map(buffer: tirx.Buffer, vector: int) -> tirx.IndexMap:
     return tirx.IndexMap.from_func(lane, ndim=len(shape), index_dtype=str(shape[0].ty.dtype))
 
 
-def _map_rows(sch: s_tir.Schedule, mapping: ThreadMapping, rows: int,
-              block_caches: list[str]) -> None:
-    """Row mapping over blocks in (row, element) form (``_flatten_rows``): a thread block
-    walks ``row_steps`` groups of ``rows_per_block`` rows; the phases of each group are
-    computed in that loop, inputs staged for the whole block (``block_caches``) before it."""
-    flatten_rows(sch, rows, block_caches)
+def _map_rows(sch: s_tir.Schedule, mapping: ThreadMapping, block_caches: list[str],
+              scalar: tuple[str, ...]) -> None:
+    """Row mapping over blocks in (row, element) form (``layout.flatten_rows``): a thread
+    block walks ``row_steps`` groups of ``rows_per_block`` rows; the phases of each group are
+    computed in that loop, inputs staged for the whole block (``block_caches``) before it;
+    the blocks of ``scalar`` without vectors."""
     sinks, others = split_sinks(sch)
     caches = [b for b in others if name_of(sch, b) in block_caches]
     others = [b for b in others if name_of(sch, b) not in block_caches]
@@ -263,16 +310,16 @@ def _map_rows(sch: s_tir.Schedule, mapping: ThreadMapping, rows: int,
             row, [None, mapping.row_steps, mapping.rows_per_block])
         heads.append(outer)
         steps.append(step)
-        bindings.append((row_in_block, _element_loop(sch, block, elem, mapping)))
+        bindings.append((row_in_block, _element_loop(sch, block, elem, mapping, scalar)))
     bx, step = _merge_tasks(sch, heads, steps)
-    _bind_at_step(sch, mapping, bindings, others, step)
+    _bind_at_step(sch, mapping, bindings, others, step, scalar)
     for block in caches:
         sch.compute_at(block, bx, preserve_unit_loops=True)
         loops = sch.get_loops(block)[1:]
         fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
         _, row_in_block, thread = _split_vectors(
             sch, block, fused, [None, mapping.rows_per_block, mapping.threads_per_row],
-            mapping.vector)
+            mapping.vector, scalar)
         _bind_threads(sch, mapping, row_in_block, thread)
 
 
@@ -313,7 +360,7 @@ def _merge_tasks(sch: s_tir.Schedule, heads: list[LoopRV], steps: list[LoopRV]
 
 def _bind_at_step(sch: s_tir.Schedule, mapping: ThreadMapping,
                   bindings: list[tuple[LoopRV | None, LoopRV]], others: list[SBlockRV],
-                  step: LoopRV) -> None:
+                  step: LoopRV, scalar: tuple[str, ...]) -> None:
     """Bind the sinks' (row in block, thread) loops (``bindings``), then compute every other
     block at ``step`` (last first) with its (row, element) loops bound alike."""
     for row_in_block, thread in bindings:
@@ -324,7 +371,8 @@ def _bind_at_step(sch: s_tir.Schedule, mapping: ThreadMapping,
         if len(loops) != 2:
             raise Unstitchable(f"block {name_of(sch, block)}: compute-at made {len(loops)} "
                                "loops for (row, element)")
-        _bind_threads(sch, mapping, loops[0], _element_loop(sch, block, loops[1], mapping))
+        _bind_threads(sch, mapping, loops[0],
+                      _element_loop(sch, block, loops[1], mapping, scalar))
 
 
 def _two_loops(sch: s_tir.Schedule, block: SBlockRV) -> tuple[LoopRV, LoopRV]:
@@ -335,26 +383,30 @@ def _two_loops(sch: s_tir.Schedule, block: SBlockRV) -> tuple[LoopRV, LoopRV]:
 
 
 def _element_loop(sch: s_tir.Schedule, block: SBlockRV, elem: LoopRV,
-                  mapping: ThreadMapping) -> LoopRV:
+                  mapping: ThreadMapping, scalar: tuple[str, ...]) -> LoopRV:
     """The thread loop of a row block's element loop, the thread loop outside (consecutive
-    threads take consecutive elements, or vectors of ``mapping.vector`` elements where
-    ``_split_vectors`` allows them); returns the thread loop."""
+    threads take consecutive elements, or vectors of ``mapping.vector`` elements unless the
+    block reduces or is in ``scalar``); returns the thread loop."""
     serial, thread = _split_vectors(sch, block, elem, [None, mapping.threads_per_row],
-                                    mapping.vector)
+                                    mapping.vector, scalar)
     sch.reorder(thread, serial)
     return thread
 
 
 def _split_vectors(sch: s_tir.Schedule, block: SBlockRV, loop: LoopRV,
-                   factors: list[int | None], vector: int) -> list[LoopRV]:
-    """Split ``loop`` of ``block`` by ``factors`` and, when the block does not reduce, the
-    loop divides into vectors and ``vectors.aligned_vectors`` holds, by ``vector`` lanes more
-    (vectorised: one access per vector); returns the loops of ``factors``."""
-    spatial = all(int(iv.iter_type) == tirx.IterVar.DataPar for iv in sch.get(block).iter_vars)
+                   factors: list[int | None], vector: int, scalar: tuple[str, ...]
+                   ) -> list[LoopRV]:
+    """Split ``loop`` of ``block`` by ``factors`` and, unless the block reduces, the plan
+    keeps it ``scalar`` or ``loop`` does not divide into vectors, by ``vector`` lanes more
+    (vectorised: one access per vector; asserted aligned); returns the loops of
+    ``factors``. The loop's extent is the one thing the plan does not record: compute-at
+    derives it, and a cache of one value per row has a loop of 1 where its block spans
+    every row."""
     extent = sch.get(loop).extent
-    if vector == 1 or not spatial or not isinstance(extent, tirx.IntImm) \
-            or int(extent) % vector or not aligned_vectors(sch.get(block), vector):
+    if vector == 1 or not spatial_block(sch.get(block)) or name_of(sch, block) in scalar \
+            or not isinstance(extent, tirx.IntImm) or int(extent) % vector:
         return sch.split(loop, factors)
+    assert aligned_vectors(sch.get(block), vector), (name_of(sch, block), vector)
     *loops, lane = sch.split(loop, [*factors, vector])
     sch.vectorize(lane)
     return loops
@@ -375,8 +427,11 @@ def _bind_threads(sch: s_tir.Schedule, mapping: ThreadMapping, row_in_block: Loo
     sch.bind(thread, "threadIdx.x")
 
 
-def _emit_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group) -> s_tir.Schedule:
-    """One launch nest per phase of a Global group (see the module docstring)."""
+def _rewritten_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group) -> Rewritten:
+    """``rewritten`` for a Global group (see the module docstring): rows split, columns
+    normalised, partial sums per row tile, the nests ordered by phase, the column results
+    of later row phases staged and the row blocks of every row phase in (row, element)
+    form."""
     mapping = group.mapping
     if group.row_split > 1:
         split_rows(sch, func, mapping.rows // group.row_split, group.row_split)
@@ -389,34 +444,50 @@ def _emit_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group) -> s_ti
     block_caches = _apply_storage(sch, func, group)
     sch = combine_per_reader(sch, func)
     sums = {b.block: b for b in group.buffers if b.role is BufferRole.ACCUMULATOR}
-    partials: dict[str, tuple[str, str]] = {}  # column reduction -> (partial sum, write-out)
-    held: dict[str, int] = {}  # partial sum kept in registers -> its slots per thread
+    done = Rewritten(sch, block_caches)
     for name in columns:
         row, _ = sch.get_loops(sch.get_sblock(name))
         tile, _ = sch.split(row, [mapping.rows // mapping.row_steps, mapping.row_steps])
         accumulate = sch.rfactor(tile, 0)
         _flatten_partials(sch, accumulate)
         write_out = sch.cache_write(accumulate, 0, SCOPES[sums[name].level])
-        partials[name] = (name_of(sch, accumulate), name_of(sch, write_out))
+        done.partials[name] = (name_of(sch, accumulate), name_of(sch, write_out))
         if sums[name].level is StorageLevel.REGISTER:
-            held[name_of(sch, accumulate)] = sums[name].registers
-    phase_of = _phase_of_blocks(sch, group.phases, partials)
-    sch = _reorder_by_phase(sch, phase_of, {w for _, w in partials.values()})
+            done.held[name_of(sch, accumulate)] = sums[name].registers
+    done.phase_of = _phase_of_blocks(sch, group.phases, done.partials)
+    done.sch = sch = _reorder_by_phase(sch, done.phase_of,
+                                       {w for _, w in done.partials.values()})
     for index, phase in enumerate(group.phases):
-        names = {n for n, i in phase_of.items() if i == index}
+        if phase.kind is not PhaseKind.ROWS:
+            continue
+        names = {n for n, i in done.phase_of.items() if i == index}
+        caches = [sch.get_sblock(c) for c in block_caches if c in names]
+        per_row = []
+        for buf in group.buffers:  # the column results this phase reads
+            if buf.role is BufferRole.PHASE_INPUT and buf.block in phase.blocks:
+                cache = _stage_phase_input(sch, names, buf.name)
+                (caches if buf.per_block else per_row).append(cache)
+        mine = [c for c in columns if c in phase.blocks]
+        rows = names - {n for c in mine for n in done.partials[c]} - set(block_caches) \
+            - set(phase.combines)
+        flatten_rows(sch, mapping.rows, [], only=rows)
+        done.row_blocks[index] = rows
+        done.tile_caches[index] = caches
+        done.row_caches[index] = per_row
+    return done
+
+
+def _map_global(done: Rewritten, group: Group) -> s_tir.Schedule:
+    """One launch nest per phase of a Global group (see the module docstring)."""
+    sch, mapping = done.sch, group.mapping
+    columns = [n for p in group.phases for n in p.partials]
+    for index, phase in enumerate(group.phases):
         if phase.kind is PhaseKind.ROWS:
             mine = [c for c in columns if c in phase.blocks]
-            caches = [sch.get_sblock(c) for c in block_caches if c in names]
-            per_row = []
-            for buf in group.buffers:  # column results this phase reads: staged now that
-                if buf.role is BufferRole.PHASE_INPUT and buf.block in phase.blocks:  # they exist
-                    cache = _stage_phase_input(sch, names, buf.name)
-                    (caches if buf.per_block else per_row).append(cache)
-            _map_row_phase(sch, mapping,
-                           names - {n for c in mine for n in partials[c]} - set(block_caches)
-                           - set(phase.combines),
-                           [partials[c][0] for c in mine], [partials[c][1] for c in mine],
-                           caches, per_row, phase.column_tiles, phase.combines, held)
+            _map_row_phase(sch, mapping, done.row_blocks[index],
+                           [done.partials[c][0] for c in mine],
+                           [done.partials[c][1] for c in mine], done.tile_caches[index],
+                           done.row_caches[index], phase, done.held, group.scalar_blocks)
         else:
             _map_column_phase(sch, mapping.threads_per_block, list(phase.combines),
                               [n for n in phase.blocks if n not in phase.combines],
@@ -439,7 +510,8 @@ def _row_buffers(group: Group) -> frozenset[str]:
 
 
 def _copy_across_barriers(sch: s_tir.Schedule, group: Group) -> None:
-    """The global copies of the reduction results the plan says later phases read."""
+    """The global copies of the reduction results the plan says later phases read, for the
+    readers it names (asserted: every reader of the result outside its phase)."""
     for buf in group.buffers:
         if buf.role is not BufferRole.CROSSING:
             continue
@@ -448,7 +520,8 @@ def _copy_across_barriers(sch: s_tir.Schedule, group: Group) -> None:
         result = sch.get(block).writes[0].source
         later = {name_of(sch, r) for r in readers(sch, result, exclude=block)} \
             - set(phase.blocks)
-        copy = copy_across_barrier(sch, buf.block, later)
+        assert later == set(buf.readers), (later, buf.readers)
+        copy = copy_across_barrier(sch, buf.block, set(buf.readers))
         assert copy in phase.blocks, (copy, phase.blocks)
 
 
@@ -531,25 +604,25 @@ def _reorder_by_phase(sch: s_tir.Schedule, phase_of: dict[str, int], last: set[s
 
 def _map_row_phase(sch: s_tir.Schedule, mapping: ThreadMapping, names: set[str],
                    accumulators: list[str], write_outs: list[str], caches: list[SBlockRV],
-                   row_caches: list[SBlockRV], column_tiles: int = 1,
-                   combines: tuple[str, ...] = (), held: dict[str, int] | None = None
-                   ) -> None:
-    """A row phase: its row blocks (``names``) mapped as ``_map_rows`` does with one row per
+                   row_caches: list[SBlockRV], phase: Phase, held: dict[str, int],
+                   scalar: tuple[str, ...]) -> None:
+    """A row phase: its row blocks (``names``, in (row, element) form) mapped as
+    ``_map_rows`` does (the blocks of ``scalar`` without vectors) with one row per
     block at a time, inputs staged once per tile (``caches``) before its rows and once per
     row (``row_caches``) at each row; each column reduction's partial sum (``accumulators``,
     loops: tile, step, column) accumulated at the step loop and written out after the
-    tile. With ``column_tiles``, a task is a row tile's column tile, a column per thread.
-    Each of ``combines`` (the combination of a split row's partials) is made at each row,
+    tile. With ``phase.column_tiles``, a task is a row tile's column tile, a column per
+    thread, or ``phase.lanes`` threads per column (``_map_lanes``). Each of
+    ``phase.combines`` (the combination of a split row's partials) is made at each row,
     in shared memory, a thread per partial. The partial sums of ``held`` (accumulators ->
     the plan's slots per thread) are in registers, each thread on its columns
     (``_hold_partial_sums``)."""
-    held = held or {}
-    if column_tiles > 1 and len(accumulators) == 1 and not (names or caches or row_caches) \
-            and _lanes(sch, accumulators[0], column_tiles, mapping) > 1:
-        assert not held, "the plan holds no column tile's partial sums in registers"
-        _map_lanes(sch, mapping, accumulators[0], write_outs[0], column_tiles)
+    column_tiles, combines = phase.column_tiles, phase.combines
+    if phase.lanes > 1:
+        assert len(accumulators) == 1 and not (names or caches or row_caches or held), phase
+        assert _lanes(sch, accumulators[0], column_tiles, mapping) == phase.lanes, phase
+        _map_lanes(sch, mapping, accumulators[0], write_outs[0], column_tiles, scalar)
         return
-    flatten_rows(sch, mapping.rows, [], only=names)
     sinks, others = split_sinks(sch, names | set(accumulators))
     heads, steps, bindings = [], [], []
     for block in sinks:
@@ -570,12 +643,12 @@ def _map_row_phase(sch: s_tir.Schedule, mapping: ThreadMapping, names: set[str],
         outer, step, row_in_block = sch.split(row, [None, mapping.row_steps, 1])
         heads.append(outer)
         steps.append(step)
-        bindings.append((row_in_block, _element_loop(sch, block, elem, mapping)))
+        bindings.append((row_in_block, _element_loop(sch, block, elem, mapping, scalar)))
     bx, step = _merge_tasks(sch, heads, steps)
-    _bind_at_step(sch, mapping, bindings, others, step)
+    _bind_at_step(sch, mapping, bindings, others, step, scalar)
     for block in row_caches:
         sch.compute_at(block, step, preserve_unit_loops=True)
-        _bind_inner_loops(sch, block, 2, mapping)
+        _bind_inner_loops(sch, block, 2, mapping, scalar)
     for name in combines:
         block = sch.get_sblock(name)
         sch.set_scope(block, 0, SHARED)
@@ -587,14 +660,14 @@ def _map_row_phase(sch: s_tir.Schedule, mapping: ThreadMapping, names: set[str],
         sch.decompose_reduction(sch.get_sblock(name), step)
     for block in caches:
         sch.compute_at(block, bx, preserve_unit_loops=True)
-        _bind_tile_loops(sch, block, mapping)
+        _bind_tile_loops(sch, block, mapping, scalar)
     for name, write_out in zip(accumulators, write_outs, strict=True):
         block = sch.get_sblock(write_out)
         sch.reverse_compute_at(block, bx, preserve_unit_loops=True)
         if name in held:
             _hold_partial_sums(sch, name, block, held[name], mapping)
         else:
-            _bind_tile_loops(sch, block, mapping)
+            _bind_tile_loops(sch, block, mapping, scalar)
 
 
 def _hold_partial_sums(sch: s_tir.Schedule, accumulator: str, write_out: SBlockRV,
@@ -631,7 +704,7 @@ def _lanes(sch: s_tir.Schedule, accumulator: str, column_tiles: int,
 
 
 def _map_lanes(sch: s_tir.Schedule, mapping: ThreadMapping, accumulator: str,
-               write_out: str, column_tiles: int) -> None:
+               write_out: str, column_tiles: int, scalar: tuple[str, ...]) -> None:
     """A row phase that only accumulates one column reduction (loops: tile, step, column)
     over column tiles narrower than the block: a task per (row tile, column tile), each
     thread on a column of the tile and a part of the tile's rows (its lane); the lanes' sums
@@ -657,17 +730,18 @@ def _map_lanes(sch: s_tir.Schedule, mapping: ThreadMapping, accumulator: str,
     *_, lane, column = sch.get_loops(block)
     sch.reorder(column, lane)
     sch.bind(_thread_loop(sch, column, mapping), "threadIdx.x")
-    _bind_tile_loops(sch, out, mapping)
+    _bind_tile_loops(sch, out, mapping, scalar)
     sch.decompose_reduction(per_lane, step)
 
 
-def _bind_tile_loops(sch: s_tir.Schedule, block: SBlockRV, mapping: ThreadMapping) -> None:
+def _bind_tile_loops(sch: s_tir.Schedule, block: SBlockRV, mapping: ThreadMapping,
+                     scalar: tuple[str, ...]) -> None:
     """The loops of a block computed once per tile, fused and spread over the threads."""
-    _bind_inner_loops(sch, block, 1, mapping)
+    _bind_inner_loops(sch, block, 1, mapping, scalar)
 
 
 def _bind_inner_loops(sch: s_tir.Schedule, block: SBlockRV, outer: int,
-                      mapping: ThreadMapping) -> None:
+                      mapping: ThreadMapping, scalar: tuple[str, ...]) -> None:
     """The loops of ``block`` below its ``outer`` ones fused and spread over the threads, in
     vectors where ``_element_loop`` allows them (a unit loop first when there are none: a
     scalar is copied by one thread)."""
@@ -675,7 +749,7 @@ def _bind_inner_loops(sch: s_tir.Schedule, block: SBlockRV, outer: int,
         sch.add_unit_loop(block)
     loops = sch.get_loops(block)[outer:]
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-    sch.bind(_element_loop(sch, block, fused, mapping), "threadIdx.x")
+    sch.bind(_element_loop(sch, block, fused, mapping, scalar), "threadIdx.x")
 
 
 def _map_column_phase(sch: s_tir.Schedule, threads: int, combines: list[str],

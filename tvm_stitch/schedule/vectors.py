@@ -6,6 +6,7 @@ from __future__ import annotations
 import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
+from tvm.s_tir.schedule import SBlockRV
 from tvm.sym import Analyzer
 
 
@@ -84,3 +85,25 @@ def _flat_index(region: tvm.ir.TensorRegion) -> tvm.ir.PrimExpr:
     for r, stride in zip(region.region, strides, strict=True):
         index = index + r.min * stride
     return index
+
+
+def spatial_block(block: s_tir.stmt.SBlock) -> bool:
+    """Whether ``block`` reduces over nothing: only such blocks take vectors (a reduction
+    reads scalars, consecutive threads on consecutive elements)."""
+    return all(int(iv.iter_type) == tirx.IterVar.DataPar for iv in block.iter_vars)
+
+
+def scalar_blocks(sch: s_tir.Schedule, blocks: list[SBlockRV], vector: int
+                  ) -> tuple[str, ...]:
+    """The names of the spatial blocks among ``blocks`` (in the form the mapping sees,
+    ``emit.rewritten``) that cannot take ``vector`` lanes (``aligned_vectors``): the plan
+    keeps them scalar."""
+    if vector == 1:
+        return ()
+    found: list[str] = []
+    for rv in blocks:
+        block = sch.get(rv)
+        if spatial_block(block) and not aligned_vectors(block, vector) \
+                and block.name_hint not in found:
+            found.append(block.name_hint)
+    return tuple(found)

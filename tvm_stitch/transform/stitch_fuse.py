@@ -3,7 +3,7 @@
 1. Group the memory-intensive ops (``tvm_stitch.graph``).
 2. Outline each group into a ``Primitive`` function and let FuseTIR merge it into one
    PrimFunc.
-3. Decide each group's kernel (``tvm_stitch.schedule.decide``), which also checks that the
+3. Decide each group's kernel (``tvm_stitch.schedule.decisions``), which also checks that the
    schedule can be emitted. A group that cannot be stitched is sent back with its reason:
    its ops fall back, and steps 1-3 run again without them. A compute kernel that absorbs
    copies (``graph.operands``) is outlined the same way and scheduled by dlight's matmul

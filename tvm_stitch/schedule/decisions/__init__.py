@@ -1,0 +1,189 @@
+"""Decide how a fused group becomes one kernel: Local vs Regional per block, staging, mapping,
+shared-memory budget.
+
+Works on the fused PrimFunc of a group (FuseTIR's output), block by block:
+
+- an output that is also read inside the kernel gets a shared copy for its readers;
+- a spatial block whose result is read once, at one position, by one block is inlined
+  (Local: computed in registers by its consumer); so is a block producing one value per row;
+- any other intermediate is Regional: kept in shared memory for the thread block's rows;
+  a reduction result stays in registers: TVM's cross-thread reduction leaves it with every
+  thread of the row (a warp shuffle, or its shared staging slot after a barrier), so no
+  thread reads a copy another thread wrote without a barrier between them;
+- an input read at several places inside the row is staged in shared memory (read from
+  global memory once); inputs read from other rows or by data-dependent indices are not;
+- an input that runs of consecutive rows read alike (a bias, a scale, the mask row of a
+  batch) is staged once per thread block, and each block then walks several rows in
+  sequence (vertical packing) so that it is read once per block rather than once per row;
+- then the thread mapping, and the shared-memory budget: over it, inputs staged per row are
+  demoted (largest first) to registers, each thread holding the elements of the row it
+  reads (``REGISTER_ROW_ELEMENTS`` at most), else to re-reads from global memory; then
+  inputs staged per block are demoted, then
+  packed rows are halved, then Regional intermediates are recomputed (inlined) instead; if it
+  still does not fit, the group falls back with the reason.
+
+One module per kind of group and per concern: ``flat`` (element-wise), ``rows`` (row
+groups: inlining, staging, vertical packing, the register cache), ``split`` (task
+splitting), ``global_stitch`` (column reductions on a persistent grid), ``tiles`` (its row
+and column tiles), ``budget`` (demotions to fit shared memory) and ``state`` (what they
+collect, and shared sizes). This module picks the kind and checks the result by building it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+
+from tvm import s_tir, tirx
+from tvm.target import Target
+
+from ...analysis.roofline import GPU
+from ...lowering import LoweredFunc, lower
+from ...plan import Group, MappingKind
+from ...target import MAX_SHARED_MEMORY_PER_BLOCK, MAX_THREADS_PER_BLOCK
+from ..blocks import (
+    LOCAL,
+    SHARED,
+    add_unit_loops,
+    cache_reused_outputs,
+    child_blocks,
+    name_of,
+    prepare,
+)
+from ..emit import kernel, rewritten
+from ..occupancy import device_of, kernel_shared_bytes
+from ..phases import column_reductions
+from ..row_permutation import permute_rows
+from ..rows import Unstitchable, error_summary
+from ..vectors import scalar_blocks
+from .flat import decide_flat
+from .global_stitch import decide_global
+from .rows import decide_rows
+from .split import decide_split
+from .state import launch_of
+
+logger = logging.getLogger(__name__)
+
+
+def target_budget(target: Target | None) -> tuple[int, int]:
+    """Shared-memory bytes and threads one block may use on ``target``."""
+    if target is None:
+        return MAX_SHARED_MEMORY_PER_BLOCK, MAX_THREADS_PER_BLOCK
+    attrs = target.attrs
+    smem = int(attrs.get("max_shared_memory_per_block", MAX_SHARED_MEMORY_PER_BLOCK))
+    threads = int(attrs.get("max_num_threads", attrs.get("max_threads_per_block",
+                                                          MAX_THREADS_PER_BLOCK)))
+    return smem, threads
+
+
+@dataclass(frozen=True)
+class Decided:
+    """A group with its kernel decisions, and its kernel lowered for the target (None when
+    decided without one)."""
+
+    group: Group
+    lowered: LoweredFunc | None
+
+
+def decide(func: tirx.PrimFunc, group: Group, rows: int | None,
+           target: Target | None = None) -> Decided:
+    """``group`` completed with its kernel decisions for ``func``; raises Unstitchable.
+
+    The decisions are checked by scheduling ``func`` with them once (``kernel``) and, given a
+    target, building it; the launch configuration is settled against the shared memory the
+    built kernel really declares.
+    """
+    budget, max_threads = target_budget(target)
+    gpu = device_of(target)
+    fused, func = func, prepare(func)
+    if rows is not None:
+        func, moves = permute_rows(func)
+        group = replace(group, permuted_copies=moves.copies, permuted_outputs=moves.outputs)
+    sch = s_tir.Schedule(func)
+    add_unit_loops(sch)
+    _check_flat_structure(sch)
+    if rows is None:
+        reused = cache_reused_outputs(sch, func, LOCAL)
+        done = decide_flat(sch, func, group, reused, max_threads, gpu)
+    elif column_reductions(sch, rows):
+        done = decide_global(sch, func, group, rows, budget, max_threads, gpu)
+    else:
+        split = decide_split(func, group, rows, budget, max_threads, gpu)
+        if split is not None:
+            try:
+                return _built(fused, split, target, gpu)
+            except (Unstitchable, ValueError) as err:  # a block per row instead
+                logger.debug("task splitting of %s does not build: %s", group.ops,
+                             error_summary(err))
+        reused = cache_reused_outputs(sch, func, SHARED)
+        done = decide_rows(sch, func, group, rows, reused, budget, max_threads, gpu)
+    return _built(fused, done, target, gpu)
+
+
+def _built(fused: tirx.PrimFunc, done: Group, target: Target | None, gpu: GPU) -> Decided:
+    """``done`` checked by scheduling ``fused`` with it and, given a target, building it, its
+    launch settled against the shared memory the built kernel declares."""
+    done = _with_vector_plan(fused, done)
+    scheduled = _schedule(fused, done)  # emission prepares (and permutes) as decide does
+    if target is None:
+        return Decided(done, None)
+    lowered = _lower(scheduled, done, target)
+    settled = _settle_launch(done, lowered, gpu)
+    if settled is not done:
+        lowered = _lower(_schedule(fused, settled), settled, target)
+    return Decided(settled, lowered)
+
+
+def _with_vector_plan(fused: tirx.PrimFunc, group: Group) -> Group:
+    """``group`` (a row or Global group) with the blocks its mapping keeps scalar, found on
+    the blocks as the mapping will see them (``emit.rewritten``)."""
+    mapping = group.mapping
+    if mapping is None or mapping.kind is MappingKind.FLAT or mapping.vector == 1:
+        return group
+    try:
+        done = rewritten(fused, group)
+    except Unstitchable:
+        raise
+    except Exception as err:  # noqa: BLE001 - any rewrite error means: fall back
+        raise Unstitchable(f"scheduling failed: {error_summary(err)}") from err
+    return replace(group, scalar_blocks=scalar_blocks(done.sch, done.vectorisable(),
+                                                      mapping.vector))
+
+
+def _schedule(func: tirx.PrimFunc, group: Group) -> tirx.PrimFunc:
+    try:
+        return kernel(func, group).func
+    except Unstitchable:
+        raise
+    except Exception as err:  # noqa: BLE001 - any schedule error means: fall back
+        raise Unstitchable(f"scheduling failed: {error_summary(err)}") from err
+
+
+def _lower(scheduled: tirx.PrimFunc, group: Group, target: Target) -> LoweredFunc:
+    try:
+        return lower(scheduled, group.function or "stitched", target)
+    except Exception as err:  # noqa: BLE001 - the kernel must build, or fall back
+        raise Unstitchable(f"lowering failed: {error_summary(err)}") from err
+
+
+def _settle_launch(group: Group, lowered: LoweredFunc, gpu: GPU) -> Group:
+    """``group`` with its launch configuration recomputed from the shared memory its built
+    kernel declares, when that differs from the plan's estimate; a persistent grid shrinks
+    to the new wave if it must (its phases loop over more tasks per block)."""
+    launch = group.launch
+    declared = max((kernel_shared_bytes(lowered.kernel(k.kernel)) for k in lowered.launches),
+                   default=0)
+    if launch is None or declared == launch.shared_bytes:
+        return group
+    settled = launch_of(gpu, launch.threads, declared, launch.grid)
+    if group.phases:
+        settled = replace(settled, grid=min(launch.grid, settled.wave))
+    return replace(group, launch=settled)
+
+
+def _check_flat_structure(sch: s_tir.Schedule) -> None:
+    for block in child_blocks(sch):
+        if sch.get_child_blocks(block):
+            raise Unstitchable(f"block {name_of(sch, block)} has nested blocks")
+        if len(sch.get_loops(block)) != len(sch.get(block).iter_vars):
+            raise Unstitchable(f"block {name_of(sch, block)} is not in normal form")

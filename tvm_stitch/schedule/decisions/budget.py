@@ -1,0 +1,79 @@
+"""The shared-memory budget: demote staging, packing and Regional intermediates until a
+block fits."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tvm import s_tir
+
+from ...plan import Buffer, BufferRole, Demotion, DemotionKind, StorageLevel, ThreadMapping
+from ..mapping import with_rows_per_block
+from ..rows import Unstitchable
+from .state import Decisions, Staging, bytes_of, shared_bytes_of
+
+
+def fit_budget(sch: s_tir.Schedule, dec: Decisions, mapping: ThreadMapping,
+               budget: int) -> ThreadMapping:
+    """Demote staging one buffer at a time until the block's shared memory fits ``budget``;
+    an input staged per row whose readers read only their own elements goes to registers
+    when each thread holds few enough of them (``registers``), else to global memory."""
+    while shared_bytes_of(dec, mapping) > budget:
+        used = shared_bytes_of(dec, mapping)
+        if dec.staged:
+            victim = max(dec.staged, key=lambda s: s.bytes_for(mapping.rows_per_block))
+            dec.staged.remove(victim)
+            slots = _register_slots(victim, mapping, sch)
+            if victim.own and slots <= REGISTER_ROW_ELEMENTS:
+                dec.held.append(replace(victim, note=f"{slots} element(s) of the row per "
+                                                     "thread"))
+                dec.demotions.append(Demotion(DemotionKind.HELD_IN_REGISTERS, victim.name,
+                                              used=used, budget=budget))
+                continue
+            dec.global_reads.append(Buffer(victim.name, BufferRole.INPUT, StorageLevel.GLOBAL, 0,
+                                           "demoted: re-read from global memory"))
+            dec.demotions.append(Demotion(DemotionKind.REREAD, victim.name, used=used,
+                                          budget=budget))
+        elif dec.block_shared:
+            victim = max(dec.block_shared, key=lambda b: b.size)
+            dec.block_shared.remove(victim)
+            dec.global_reads.append(Buffer(victim.name, BufferRole.INPUT, StorageLevel.GLOBAL, 0,
+                                           "demoted: re-read from global memory"))
+            dec.demotions.append(Demotion(DemotionKind.BLOCK_INPUT_REREAD, victim.name,
+                                          used=used, budget=budget))
+            if not dec.block_shared:
+                mapping = replace(mapping, row_steps=1)
+        elif mapping.rows_per_block > 1:
+            dec.demotions.append(Demotion(DemotionKind.FEWER_ROWS_PER_BLOCK,
+                                          before=mapping.rows_per_block,
+                                          after=mapping.rows_per_block // 2, used=used,
+                                          budget=budget))
+            mapping = with_rows_per_block(mapping, mapping.rows_per_block // 2)
+        elif dec.regional:
+            victim = max(dec.regional, key=lambda s: s.per_row)
+            try:
+                sch.compute_inline(sch.get_sblock(victim.block))
+            except Exception as err:  # noqa: BLE001
+                raise Unstitchable(
+                    f"{used} B of shared memory > {budget} B and {victim.name} cannot be "
+                    "recomputed") from err
+            dec.regional.remove(victim)
+            dec.inlined.append(victim.block)
+            dec.demotions.append(Demotion(DemotionKind.RECOMPUTED, victim.name, used=used,
+                                          budget=budget))
+        else:
+            raise Unstitchable(f"{used} B of shared memory > {budget} B with every "
+                               "staged buffer demoted")
+    return mapping
+
+
+REGISTER_ROW_ELEMENTS = 32
+"""Most elements of a row one thread holds in registers (an input that does not fit in shared
+memory): 32 of the 64 registers a thread of a 1024-thread block may use at full occupancy."""
+
+
+def _register_slots(staging: Staging, mapping: ThreadMapping, sch: s_tir.Schedule) -> int:
+    """Elements of its row each thread would hold of the input ``staging`` kept in registers:
+    each of ``threads_per_row`` threads takes one element per step."""
+    param = next(p for p in sch.mod["main"].params if p.name == staging.name)
+    return -(-staging.per_row // bytes_of(param) // mapping.threads_per_row)

@@ -1,0 +1,128 @@
+"""Element-wise groups: one element (or vector) per thread, producers in registers."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import tvm
+import tvm_ffi
+from tvm import s_tir, tirx
+
+from ...analysis.roofline import GPU
+from ...plan import Buffer, BufferRole, Group, StorageLevel
+from ...symbolic import is_symbolic, symbolic_extent
+from ..blocks import child_blocks, load_count, name_of, readers, split_sinks, written_params
+from ..mapping import flat_mapping
+from ..rows import RowAccess, Unstitchable, access_rows, block_rows, error_summary
+from ..vectors import lanes_fit_booleans
+from .state import elements_of, grid_of, launch_of, widest_element, writes_param
+
+
+def decide_flat(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, reused: list[str],
+                max_threads: int, gpu: GPU) -> Group:
+    """Element-wise group: each thread owns one element. A producer read once is inlined; one
+    read more often is computed once into a register of the thread, if every reader reads the
+    thread's own element (else it is recomputed); inputs read at several places likewise."""
+    outputs = written_params(func, sch)
+    sizes = {elements_of(p) for p in outputs}
+    if len(sizes) != 1:
+        raise Unstitchable(f"outputs of different sizes {sorted(sizes)}")
+    size = sizes.pop()
+    size_expr = symbolic_extent(list(outputs[0].shape)) if is_symbolic(size) else ""
+    inlined: list[str] = []
+    kept: list[Buffer] = []
+    for block in reversed(child_blocks(sch)):
+        if writes_param(sch, func, block):
+            continue
+        name = name_of(sch, block)
+        buffer = sch.get(block).writes[0].source
+        users = readers(sch, buffer, exclude=block)
+        sites = sum(load_count(sch, u, buffer) for u in users)
+        if (len(users) > 1 or sites > 1) and _element_aligned(sch, [block, *users], buffer, size):
+            note = f"read by {len(users)} block(s) at {sites} place(s)"
+            kept.append(Buffer(buffer.name, BufferRole.INTERMEDIATE, StorageLevel.REGISTER, 0, note,
+                               name))
+            continue
+        try:
+            sch.compute_inline(block)
+        except Exception as err:  # noqa: BLE001
+            raise Unstitchable(f"element-wise block {name} cannot be inlined: "
+                               f"{error_summary(err)}") from err
+        inlined.append(name)
+    staged = []
+    written = {p.name for p in written_params(func, sch)}
+    for param in func.params:
+        if param.name in written:
+            continue
+        users = readers(sch, param)
+        sites = sum(load_count(sch, u, param) for u in users)
+        if sites > 1 and _element_aligned(sch, users, param, size):
+            staged.append(Buffer(param.name, BufferRole.INPUT, StorageLevel.REGISTER, 0,
+                                 f"read at {sites} places"))
+    buffers = tuple(Buffer(n, BufferRole.OUTPUT, StorageLevel.REGISTER, 0,
+                           "written out and read inside the kernel") for n in reused)
+    mapping = replace(flat_mapping(size, max_threads, widest_element(sch, func), gpu),
+                      rows_expr=size_expr)
+    regions = [r for b in child_blocks(sch) for r in (*sch.get(b).reads, *sch.get(b).writes)]
+    if (kept or staged or reused) and any(_reshaped(r) or _splits_vectors(r, mapping.vector)
+                                          for r in regions):
+        # a register copy of a reshaped access, or of a vector that runs over the end of the
+        # innermost axis (fuzz graph 4242:320, (4, 256, 14, 14) in vectors of 4: wrong
+        # numbers), would be a bounding box around the vector
+        mapping = replace(mapping, vector=1)
+    sinks, _ = split_sinks(sch)
+    scalar = tuple(name_of(sch, b) for b in sinks
+                   if not lanes_fit_booleans(sch.get(b), mapping.vector))
+    return replace(group, mapping=mapping, inlined=tuple(inlined),
+                   buffers=buffers + tuple(kept) + tuple(staged), shared_bytes=0,
+                   shared_budget=0, scalar_blocks=scalar,
+                   launch=launch_of(gpu, mapping.threads_per_block, 0, grid_of(mapping)))
+
+
+def _element_aligned(sch: s_tir.Schedule, blocks: list, buffer: tirx.Buffer, size: int
+                     ) -> bool:
+    """Whether every access of ``blocks`` to ``buffer`` touches the element the block is at,
+    counting elements of the ``size``-element iteration space in row-major order, without
+    wrapping around it: an index such as ``i % size`` is the element itself for every real
+    element, but a thread past the last one (a partial block) would stage the range between
+    its wrapped and unwrapped index in its registers."""
+    for block in blocks:
+        try:
+            info = block_rows(sch, block, size)
+        except Unstitchable:
+            return False
+        stmt = sch.get(block)
+        for region in (*stmt.reads, *stmt.writes):
+            if not region.source.same_as(buffer):
+                continue
+            if access_rows(info, region, size) is not RowAccess.ALIGNED \
+                    or _wraps_around(region):
+                return False
+    return True
+
+
+def _splits_vectors(region: tvm.ir.TensorRegion, vector: int) -> bool:
+    """Whether vectors of ``vector`` consecutive elements of ``region``'s buffer may run over
+    the end of its innermost axis (its extent is not a multiple of the width)."""
+    shape = list(region.source.shape)
+    if vector == 1 or not shape:
+        return False
+    last = shape[-1]
+    return not isinstance(last, tirx.IntImm) or int(last) % vector != 0
+
+
+def _wraps_around(region: tvm.ir.TensorRegion) -> bool:
+    """Whether the region's indices wrap around (``i % n``)."""
+    found: list[tvm.ir.PrimExpr] = []
+    for r in region.region:
+        tvm_ffi.structural_walk(r.min, [((tirx.FloorMod, tirx.Mod), found.append)])
+    return bool(found)
+
+
+def _reshaped(region: tvm.ir.TensorRegion) -> bool:
+    """Whether the region's indices divide or wrap the iteration space (a reshape)."""
+    found: list[tvm.ir.PrimExpr] = []
+    kinds = (tirx.FloorMod, tirx.Mod, tirx.FloorDiv, tirx.Div)
+    for r in region.region:
+        tvm_ffi.structural_walk(r.min, [(kinds, found.append)])
+    return bool(found)

@@ -1,0 +1,362 @@
+"""Groups with column reductions (Global stitching): row and column phases on a
+persistent grid, partial sums per row tile, and what crosses a grid barrier."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from math import prod
+
+from tvm import s_tir, tirx
+
+from ...analysis.roofline import GPU
+from ...plan import (
+    Buffer,
+    BufferRole,
+    Demotion,
+    DemotionKind,
+    Group,
+    MappingKind,
+    Phase,
+    PhaseKind,
+    StorageLevel,
+    ThreadMapping,
+)
+from ...symbolic import is_symbolic
+from ...target import WARP_SIZE
+from ..blocks import SHARED, cache_reused_outputs, load_count, name_of, readers
+from ..mapping import row_mapping, row_vector
+from ..occupancy import cached_elements_cap
+from ..phases import (
+    BlockRole,
+    Roles,
+    assign_roles,
+    column_reductions,
+    column_view,
+    copy_across_barrier,
+    crossings,
+    normalise_column,
+    register_sum,
+)
+from ..rows import BlockRows, Unstitchable, block_rows, error_summary, rows_sharing
+from ..task_split import combine_per_reader, split_output_copies
+from .budget import fit_budget
+from .rows import check_alignment, decide_inlining, decide_staging, register_cache
+from .state import (
+    Decisions,
+    bytes_of,
+    cap_text,
+    launch_of,
+    plan_buffers,
+    shared_bytes_of,
+    widest_element,
+    writes_param,
+)
+from .tiles import choose_tiles, column_tile_options, fewest_tiles
+
+
+def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: int,
+                  budget: int, max_threads: int, gpu: GPU, threads: int | None = None,
+                  split: int = 1) -> Group:
+    """Group with column reductions (Global stitching): row phases and column phases
+    (``phases``) on a persistent grid of at most one wave, one row per block at a time.
+
+    Row blocks are decided as in a Regional group, each column reduction keeps a partial sum
+    per row tile in shared memory (``accumulator``) that it writes out (``partial``), and the
+    next column phase combines them; when the partial sums of all column reductions would
+    take more than a quarter of the shared budget, each thread keeps its columns' sums in
+    registers instead (``_partial_sums_in_registers``). A row intermediate read in a later
+    phase is recomputed there (inlined): nothing but global memory survives a grid barrier.
+    ``threads`` fixes the block size (else the row mapping's). Row blocks must stay in their
+    rows, except in rows split into ``split`` sub-rows (task splitting), which write their
+    row's elements by design.
+    """
+    if is_symbolic(rows):
+        raise Unstitchable("symbolic row count: Global stitching needs a persistent grid "
+                           "capped at one wave, and the rows per block that needs are only "
+                           "known at run time")
+    for name in column_reductions(sch, rows):
+        normalise_column(sch, sch.get_sblock(name))
+    roles = assign_roles(sch, rows)
+    reused = cache_reused_outputs(sch, func, SHARED, writers=set(roles.of_kind(BlockRole.ROW)))
+    if split > 1:
+        split_output_copies(sch, reused, rows // split, split)
+    roles = assign_roles(sch, rows)
+    dec = Decisions()
+    decide_inlining(sch, func, _row_infos(sch, rows, roles), rows, dec)
+    _inline_column_space(sch, func, assign_roles(sch, rows), dec)
+    roles = _inline_crossings(sch, rows, dec)
+    sch = combine_per_reader(sch, func)
+    roles = assign_roles(sch, rows)
+    infos = _row_infos(sch, rows, roles)
+    if split == 1:
+        check_alignment(sch, infos, rows, among_rows=True)
+    columns = {name: column_view(sch, sch.get_sblock(name)) for name in roles.columns}
+    decide_staging(sch, func, {**infos, **columns}, rows, dec, roles.levels)
+    dec.reductions = sum(1 for info in infos.values() if info.is_reduction)
+    length = max([i.elements for i in infos.values()] + list(roles.columns.values()))
+    per_row = threads or row_mapping(rows, length, 1, max_threads, gpu).threads_per_row
+    mapping = ThreadMapping(MappingKind.BLOCK_PER_ROW, rows, length, 1,
+                            max(per_row, WARP_SIZE))
+    _keep_partials_global(sch, roles, dec)
+    accumulators = {name: roles.columns[name] * bytes_of(sch.get(sch.get_sblock(name)).writes[0]
+                                                          .source)
+                    for name in roles.columns}
+    needed = sum(accumulators.values())
+    in_registers: dict[str, int] = {}  # column reduction -> partial sums per thread
+    if budget - needed < budget * 3 // 4:
+        in_registers = _partial_sums_in_registers(roles, mapping)
+        dec.demotions.append(Demotion(DemotionKind.PARTIAL_SUMS_IN_REGISTERS,
+                                      after=sum(in_registers.values()), used=needed,
+                                      budget=budget))
+        accumulators = {}
+    mapping = fit_budget(sch, dec, mapping, budget - sum(accumulators.values()))
+    vector = row_vector(length, widest_element(sch, func))
+    # As in a row group (a vector would not follow held registers), and only when every
+    # thread gets a whole vector: the block's threads are sized for scalar accesses, and
+    # fewer threads on more elements each keep more in registers (fuzz case g469 spilled).
+    if not dec.held and length >= mapping.threads_per_row * vector:
+        mapping = replace(mapping, vector=vector)
+    roles = assign_roles(sch, rows)
+    # An input staged once per block covers the block's whole rows, not a tile of its columns
+    # (tiling columns then read the staged copy at the wrong columns).
+    # Nor do registers, which hold a thread's columns of every row of its tile.
+    options = [] if dec.block_shared or in_registers \
+        else column_tile_options(roles, mapping.threads_per_block)
+    most = max(options, default=1)
+    accumulators = {name: size // most + (mapping.threads_per_block * bytes_of(
+        sch.get(sch.get_sblock(name)).writes[0].source) if most > 1 else 0)
+        for name, size in accumulators.items()}
+    staged = _phase_inputs(sch, roles, rows, budget - shared_bytes_of(dec, mapping)
+                           - sum(accumulators.values()))
+    shared = shared_bytes_of(dec, mapping) + sum(accumulators.values()) \
+        + sum(b.shared_bytes for b in staged)
+    launch = launch_of(gpu, mapping.threads_per_block, shared)
+    tiles, column_tiles = choose_tiles(options, roles, rows, mapping.threads_per_block, launch.wave,
+                                       rows * length)
+    reread, per_row = register_cache(sch, func, dec, mapping, infos)
+    sums = sum(in_registers.values())  # held for the whole tile, as the row walk's elements
+    cap = cached_elements_cap(launch)
+    if sums + per_row > cap:
+        if sums:
+            raise Unstitchable(f"partial sums of the column reductions need {needed} B of "
+                               f"shared memory per block, more than a quarter of {budget} B, "
+                               f"and in registers {sums} per thread, which with the "
+                               f"{per_row} elements of the inputs it re-reads per row are "
+                               f"more than {cap_text(launch)}: needs tiles of columns")
+        raise Unstitchable(f"each thread would keep {per_row} elements of the inputs it "
+                           f"re-reads ({', '.join(reread)}) in registers per row, more than "
+                           f"{cap_text(launch)}")
+    if rows // tiles * per_row + sums > cap:
+        held = f"{', '.join(reread)}: {rows // tiles * per_row} elements"
+        held += f", and {sums} partial sums" if sums else ""
+        capped = fewest_tiles(rows, (cap - sums) // per_row)
+        if capped <= launch.wave:
+            dec.demotions.append(Demotion(
+                DemotionKind.FEWER_ROW_TILES, before=tiles, after=capped,
+                detail=f"a tile of {rows // tiles} rows would keep the inputs each thread "
+                       f"re-reads ({held}) in registers, more than {cap_text(launch)}"))
+            tiles, column_tiles = capped, 1
+        else:
+            # Tiles of many rows: nvcc unrolls a short row walk (and then holds every row's
+            # elements), not a long one, which reloads; checked by ptxas in the tests
+            # (tests/stitch/test_targets.py, test_register_cache.py).
+            dec.demotions.append(Demotion(
+                DemotionKind.ROW_TILES_KEPT, before=tiles, after=capped,
+                detail=f"tiles within the register cap ({held} > {cap_text(launch)}) would "
+                       f"take {capped} tiles, more than one wave of {launch.wave} blocks"))
+    mapping = replace(mapping, row_steps=rows // tiles)
+    for b in list(dec.block_shared):
+        if b.span % mapping.row_steps:
+            dec.block_shared.remove(b)
+            dec.global_reads.append(Buffer(b.name, BufferRole.INPUT, StorageLevel.GLOBAL, 0,
+                                           f"shared by runs of {b.span} rows, not by the "
+                                           f"{mapping.row_steps} rows of a tile"))
+    phases = _phases(roles, tiles, mapping.threads_per_block, column_tiles,
+                     {b.block for b in staged})
+    grid = min(launch.wave, max(p.tasks for p in phases))
+    partials = tuple(
+        Buffer(name, BufferRole.PARTIAL, StorageLevel.GLOBAL, 0,
+               f"{tiles} x {roles.columns[name]} partial sums, combined in the next phase",
+               name) for name in roles.columns)
+    accumulated = tuple(
+        Buffer(name, BufferRole.ACCUMULATOR, StorageLevel.REGISTER, 0,
+               f"partial sum of the block's row tile, {in_registers[name]} column(s) per "
+               "thread", name, registers=in_registers[name]) if name in in_registers
+        else Buffer(name, BufferRole.ACCUMULATOR, StorageLevel.SHARED, accumulators[name],
+                    "partial sum of the block's row tile", name)
+        for name in (*accumulators, *in_registers))
+    return replace(group, mapping=mapping, inlined=tuple(dec.inlined),
+                   buffers=plan_buffers(dec, mapping, reused) + accumulated + partials + staged
+                   + _column_sums(sch, phases, mapping.threads_per_block),
+                   shared_bytes=shared, shared_budget=budget,
+                   demotions=tuple(dec.demotions), launch=replace(launch, grid=grid),
+                   phases=phases)
+
+
+def _column_sums(sch: s_tir.Schedule, phases: tuple[Phase, ...], threads: int
+                 ) -> tuple[Buffer, ...]:
+    """Where each column phase sums the partials it combines (a thread per column): in a
+    register stored once where ``phases.register_sum`` allows it, else in place in global
+    memory."""
+    sums = []
+    for phase in phases:
+        if phase.kind is not PhaseKind.COLUMNS:
+            continue
+        for name in phase.combines:
+            result = sch.get(sch.get_sblock(name)).writes[0].source
+            if register_sum(result, threads):
+                sums.append(Buffer(result.name, BufferRole.SUM, StorageLevel.REGISTER, 0,
+                                   "summed in a register, stored once", name))
+            else:
+                sums.append(Buffer(result.name, BufferRole.SUM, StorageLevel.GLOBAL, 0,
+                                   "summed in place: not one axis of whole threads of "
+                                   f"{threads}", name))
+    return tuple(sums)
+
+
+def _partial_sums_in_registers(roles: Roles, mapping: ThreadMapping) -> dict[str, int]:
+    """Partial sums per thread of each column reduction kept in registers: a row phase maps
+    column ``c`` of every row of its tile to thread ``c % P`` of its ``P`` threads
+    (``emit._thread_loop``), so a thread sums the same ``ceil(width / P)`` columns over the
+    whole tile and no other thread touches them: registers, and no shared memory."""
+    threads = mapping.threads_per_row
+    return {name: -(-width // threads) for name, width in roles.columns.items()}
+
+
+def _phase_inputs(sch: s_tir.Schedule, roles: Roles, rows: int, room: int
+                  ) -> tuple[Buffer, ...]:
+    """Results of column phases that a later row phase reads, staged in shared memory for
+    that phase's readers: once per block when no reader's index depends on the row (a mean
+    per column), else once per row when it is one value per row (a split row's maximum);
+    within ``room`` bytes."""
+    found: list[Buffer] = []
+    for name, kind in roles.kinds.items():
+        if kind not in (BlockRole.COLUMN, BlockRole.COLUMN_SPACE, BlockRole.COMBINE):
+            continue
+        block = sch.get_sblock(name)
+        buffer = sch.get(block).writes[0].source
+        by_level: dict[int, list[str]] = {}
+        for user in readers(sch, buffer, exclude=block, affine=True):
+            user_name = name_of(sch, user)
+            if roles.kinds[user_name] in (BlockRole.ROW, BlockRole.COLUMN) \
+                    and roles.levels[user_name] > roles.levels[name]:
+                by_level.setdefault(roles.levels[user_name], []).append(user_name)
+        size = prod(int(d) for d in buffer.shape) * bytes_of(buffer)
+        for users in by_level.values():
+            per_block = all(_row_independent(sch, u, buffer, rows, roles) for u in users)
+            staged = size if per_block else bytes_of(buffer)
+            if staged > room or (not per_block and size > rows * bytes_of(buffer)):
+                continue
+            room -= staged
+            note = ("read alike by every row: once per block" if per_block
+                    else "one value per row: once per row")
+            found.append(Buffer(buffer.name, BufferRole.PHASE_INPUT, StorageLevel.SHARED, staged,
+                                note, users[0], per_block))
+    return tuple(found)
+
+
+def _row_independent(sch: s_tir.Schedule, name: str, buffer: tirx.Buffer, rows: int,
+                     roles: Roles) -> bool:
+    """Whether block ``name`` reads ``buffer`` at places that do not depend on its row."""
+    block = sch.get_sblock(name)
+    info = column_view(sch, block) if roles.kinds[name] is BlockRole.COLUMN \
+        else block_rows(sch, block, rows)
+    return all(rows_sharing(info, r) == rows for r in sch.get(block).reads
+               if r.source.same_as(buffer))
+
+
+def _keep_partials_global(sch: s_tir.Schedule, roles: Roles, dec: Decisions) -> None:
+    """Reduction results that a later phase combines (split rows) stay in global memory."""
+    combines = set(roles.of_kind(BlockRole.COMBINE))
+    for result in list(dec.results):
+        block = sch.get_sblock(result.block)
+        buffer = sch.get(block).writes[0].source
+        if any(name_of(sch, r) in combines for r in readers(sch, buffer, exclude=block)):
+            dec.results.remove(result)
+
+
+def _row_infos(sch: s_tir.Schedule, rows: int, roles: Roles) -> dict[str, BlockRows]:
+    return {name: block_rows(sch, sch.get_sblock(name), rows)
+            for name in roles.of_kind(BlockRole.ROW)}
+
+
+def _inline_column_space(sch: s_tir.Schedule, func: tirx.PrimFunc, roles: Roles,
+                         dec: Decisions) -> None:
+    """A column-space block read once, by one column-space block, is computed by it."""
+    for name in reversed(roles.of_kind(BlockRole.COLUMN_SPACE)):
+        block = sch.get_sblock(name)
+        if writes_param(sch, func, block):
+            continue
+        buffer = sch.get(block).writes[0].source
+        users = readers(sch, buffer, exclude=block)
+        if len(users) == 1 and load_count(sch, users[0], buffer) == 1 \
+                and roles.kinds[name_of(sch, users[0])] is BlockRole.COLUMN_SPACE:
+            sch.compute_inline(block)
+            dec.inlined.append(name)
+
+
+def _inline_crossings(sch: s_tir.Schedule, rows: int, dec: Decisions) -> Roles:
+    """Recompute every row intermediate read in a later phase where it is read; returns the
+    roles that result. A row reduction's result cannot be recomputed element by element: it
+    is copied to global memory for the later readers (``copy_across_barrier``; a mean of
+    every row that a softmax over the rows reads, fuzz graph 4242:150)."""
+    kept: list[str] = []
+    while True:
+        roles = assign_roles(sch, rows)
+        found = [(p, c) for p, c in crossings(sch, roles) if p not in kept]
+        if not found:
+            break
+        producer, consumer = found[0]
+        if sch.get(sch.get_sblock(producer)).init is not None:
+            kept.append(producer)
+            continue
+        try:
+            sch.compute_inline(sch.get_sblock(producer))
+        except Exception as err:  # noqa: BLE001
+            raise Unstitchable(f"{producer} is read by {consumer} after a grid barrier and "
+                               f"cannot be recomputed: {error_summary(err)}") from err
+        dec.regional = [r for r in dec.regional if r.block != producer]
+        dec.inlined.append(producer)
+    for producer in kept:
+        roles = assign_roles(sch, rows)  # with the copies made so far
+        later = {c for p, c in crossings(sch, roles) if p == producer}
+        buffer = sch.get(sch.get_sblock(producer)).writes[0].source
+        copy = copy_across_barrier(sch, producer, later)
+        dec.global_reads.append(Buffer(buffer.name, BufferRole.CROSSING, StorageLevel.GLOBAL, 0,
+                                       f"reduction result copied out ({copy}) for "
+                                       f"{', '.join(sorted(later))} after a grid barrier",
+                                       producer, readers=tuple(sorted(later))))
+    return assign_roles(sch, rows)
+
+
+def _phases(roles: Roles, tiles: int, threads: int, column_tiles: int,
+            staged_readers: set[str]) -> tuple[Phase, ...]:
+    """Row phases (``tiles`` tasks, times ``column_tiles``) and column phases (a task per
+    ``threads`` columns), by level; a column reduction is in the row phase of its partial
+    sums and in the next column phase, which combines them; a combine block of a row phase
+    is among its ``combines``. A row phase of one column reduction in column tiles narrower
+    than the block, reading nothing staged for it (``staged_readers``: the readers of phase
+    inputs), gives each column several threads (``Phase.lanes``)."""
+    levels: dict[int, list[str]] = {}
+    for name, kind in roles.kinds.items():
+        level = roles.levels[name]
+        levels.setdefault(level, []).append(name)
+        if kind is BlockRole.COLUMN:
+            levels.setdefault(level + 1, []).append(name)
+    phases = []
+    for level in sorted(levels):
+        names = tuple(levels[level])
+        if level % 2 == 0:
+            partials = tuple(n for n in names if roles.kinds[n] is BlockRole.COLUMN)
+            combines = tuple(n for n in names if roles.kinds[n] is BlockRole.COMBINE)
+            lanes = threads * column_tiles // roles.columns[partials[0]] \
+                if column_tiles > 1 and len(partials) == 1 \
+                and not staged_readers & set(names) else 1
+            phases.append(Phase(PhaseKind.ROWS, names, tiles * column_tiles, partials=partials,
+                                combines=combines, column_tiles=column_tiles,
+                                lanes=max(lanes, 1)))
+        else:
+            width = max(roles.widths[n] for n in names)
+            combines = tuple(n for n in names if n in roles.combines)
+            phases.append(Phase(PhaseKind.COLUMNS, names, -(-width // threads), combines=combines))
+    return tuple(phases)

@@ -1,0 +1,255 @@
+"""Row groups (Regional stitching): Local or Regional per block, what is staged per row
+and per block, vertical packing, and the register cache a thread keeps of re-read inputs."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tvm import s_tir, tirx
+
+from ...analysis.roofline import GPU
+from ...plan import Buffer, BufferRole, Group, StorageLevel, ThreadMapping
+from ...symbolic import is_symbolic, symbolic_extent
+from ..blocks import child_blocks, load_count, name_of, readers, written_params
+from ..mapping import row_mapping, row_steps, row_vector
+from ..occupancy import cached_elements_cap
+from ..rows import (
+    BlockRows,
+    RowAccess,
+    Unstitchable,
+    access_rows,
+    block_rows,
+    error_summary,
+    permuted_row,
+    reads_own_element,
+    row_elements,
+    rows_sharing,
+)
+from .budget import fit_budget
+from .state import (
+    BlockShared,
+    Decisions,
+    Staging,
+    bytes_of,
+    cap_text,
+    elements_of,
+    grid_of,
+    launch_of,
+    plan_buffers,
+    shared_bytes_of,
+    widest_element,
+    writes_param,
+)
+
+
+def decide_rows(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: int,
+                reused: list[str], budget: int, max_threads: int, gpu: GPU) -> Group:
+    """Row group: every block walks the ``rows`` rows first (checked), then its elements."""
+    infos = {name_of(sch, b): block_rows(sch, b, rows) for b in child_blocks(sch)}
+    check_alignment(sch, infos, rows, permuted=group.permuted_outputs)
+    dec = Decisions()
+    decide_inlining(sch, func, infos, rows, dec)
+    infos = {name_of(sch, b): block_rows(sch, b, rows) for b in child_blocks(sch)}
+    decide_staging(sch, func, infos, rows, dec)
+    dec.reductions = sum(1 for info in infos.values() if info.is_reduction)
+    length = max(info.elements for info in infos.values())
+    vector = row_vector(length, widest_element(sch, func))
+    if is_symbolic(rows):  # packed rows: the last block's rows past the end are guarded
+        rows_expr = symbolic_extent([i.size for i in next(iter(infos.values())).row_iters])
+        mapping = replace(row_mapping(rows, length, None, max_threads, gpu, vector),
+                          rows_expr=rows_expr)
+    else:
+        mapping = row_mapping(rows, length, rows, max_threads, gpu, vector)
+    mapping = fit_budget(sch, dec, mapping, budget)
+    mapping = _pack_vertically(dec, mapping, gpu)
+    if not dec.held:  # a vector would give a thread other elements than its registers hold
+        mapping = replace(mapping, vector=vector)
+    shared = shared_bytes_of(dec, mapping)
+    launch = launch_of(gpu, mapping.threads_per_block, shared, grid_of(mapping))
+    reread, per_row = register_cache(sch, func, dec, mapping, infos)
+    if per_row > cached_elements_cap(launch):
+        raise Unstitchable(f"each thread would keep {per_row} elements of the inputs it "
+                           f"re-reads ({', '.join(reread)}) in registers, more than "
+                           f"{cap_text(launch)}: rows of {length} need more threads than "
+                           "a block has")
+    return replace(group, mapping=mapping, inlined=tuple(dec.inlined),
+                   buffers=plan_buffers(dec, mapping, reused),
+                   shared_bytes=shared, shared_budget=budget,
+                   demotions=tuple(dec.demotions), launch=launch)
+
+
+def register_cache(sch: s_tir.Schedule, func: tirx.PrimFunc, dec: Decisions,
+                   mapping: ThreadMapping, infos: dict[str, BlockRows]
+                   ) -> tuple[list[str], int]:
+    """The inputs that several blocks read from global memory, and how many of their
+    elements one thread then keeps in registers per row of its block: nvcc fully unrolls a
+    thread's loops over its elements and holds an input it reads again from the first read
+    to the last (``occupancy.REGISTERS_PER_CACHED_ELEMENT``). An input that a row block
+    (``infos``) reads out of the row's order (through a transpose) counts twice: each of its
+    elements also keeps an address of its own (fuzz case g1337 spilled at the cap)."""
+    on_chip = {s.name for s in dec.staged} | {b.name for b in dec.block_shared}
+    written = {p.name for p in written_params(func, sch)}
+    reread = [p for p in func.params
+              if p.name not in on_chip | written and len(readers(sch, p)) > 1]
+    vector = mapping.vector  # a thread's accesses are vectors of this many elements
+    per_thread = -(-mapping.row_length // (mapping.threads_per_row * vector)) * vector
+    doubled = {p.name for p in reread if _read_out_of_order(sch, p, infos, mapping.rows)}
+    return ([p.name + (" read out of order, counted twice" if p.name in doubled else "")
+             for p in reread], per_thread * (len(reread) + len(doubled)))
+
+
+def _read_out_of_order(sch: s_tir.Schedule, param: tirx.Buffer, infos: dict[str, BlockRows],
+                       rows: int) -> bool:
+    for block in readers(sch, param):
+        info = infos.get(name_of(sch, block))
+        if info is None:
+            continue
+        for region in sch.get(block).reads:
+            if region.source.same_as(param) \
+                    and access_rows(info, region, rows) is RowAccess.ALIGNED \
+                    and row_elements(param, rows) == info.elements \
+                    and not reads_own_element(info, region, rows):
+                return True
+    return False
+
+
+def check_alignment(sch: s_tir.Schedule, infos: dict[str, BlockRows], rows: int,
+                    among_rows: bool = False, permuted: tuple[str, ...] = ()) -> None:
+    """Every write, and every read of a buffer the kernel produces, must stay in the row;
+    with ``among_rows`` (a Global group), only reads of what the row blocks of ``infos``
+    produce: the results of column phases and of combinations are read across rows by
+    design. The outputs ``permuted`` may be written a whole row elsewhere
+    (``row_permutation``), and are then read by no block. Only the blocks of ``infos`` are
+    checked."""
+    blocks = child_blocks(sch)
+    produced = {w.source.name for b in blocks
+                if not among_rows or name_of(sch, b) in infos for w in sch.get(b).writes}
+    for block in blocks:
+        info = infos.get(name_of(sch, block))
+        if info is None:  # not a row block (a column reduction of a Global group)
+            continue
+        stmt = sch.get(block)
+        for region in stmt.writes:
+            if region.source.name in permuted and permuted_row(info, region, rows):
+                continue
+            if access_rows(info, region, rows) is not RowAccess.ALIGNED:
+                raise Unstitchable(f"block {info.name} writes {region.source.name} outside "
+                                   "its row")
+        for region in stmt.reads:
+            if region.source.name in permuted:
+                raise Unstitchable(f"block {info.name} reads {region.source.name}, written at "
+                                   "permuted rows")
+            if region.source.name in produced \
+                    and access_rows(info, region, rows) is not RowAccess.ALIGNED:
+                raise Unstitchable(f"block {info.name} reads {region.source.name} from other "
+                                   "rows")
+
+
+def decide_inlining(sch: s_tir.Schedule, func: tirx.PrimFunc, infos: dict[str, BlockRows],
+                    rows: int, dec: Decisions) -> None:
+    """Local (inline) or Regional (shared) for every block that writes an intermediate."""
+    for block in reversed(child_blocks(sch)):
+        name = name_of(sch, block)
+        info = infos.get(name)
+        if info is None or writes_param(sch, func, block):
+            continue
+        buffer = sch.get(block).writes[0].source
+        if info.is_reduction:
+            dec.results.append(Staging(buffer.name, BufferRole.INTERMEDIATE,
+                                       row_elements(buffer, rows) * bytes_of(buffer),
+                                       "reduction result", name))
+            continue
+        users = readers(sch, buffer, exclude=block)
+        sites = sum(load_count(sch, u, buffer) for u in users)
+        gathered = len(readers(sch, buffer, exclude=block, affine=True)) < len(users)
+        if gathered or not info.element_iters or (len(users) == 1 and sites == 1):
+            try:
+                sch.compute_inline(block)
+                dec.inlined.append(name)
+                continue
+            except Exception as err:  # noqa: BLE001 - not inlinable: keep it Regional
+                if gathered:
+                    raise Unstitchable(f"{buffer.name} is read at data-dependent places and "
+                                       f"cannot be recomputed: {error_summary(err)}") from err
+        note = f"read by {len(users)} block(s) at {sites} place(s)"
+        dec.regional.append(Staging(buffer.name, BufferRole.INTERMEDIATE,
+                                    row_elements(buffer, rows) * bytes_of(buffer), note, name))
+
+
+def decide_staging(sch: s_tir.Schedule, func: tirx.PrimFunc, infos: dict[str, BlockRows],
+                   rows: int, dec: Decisions, levels: dict[str, int] | None = None) -> None:
+    """Inputs read at several places of their row are staged per row; inputs that whole runs
+    of rows read alike are candidates for staging once per thread block. Only inputs whose
+    readers all walk rows (``infos``) are staged, and with ``levels`` (the phases of a Global
+    group) only those read in one phase: staged data does not outlive its phase."""
+    written = {p.name for p in written_params(func, sch)}
+    for param in func.params:
+        if param.name in written or _single_value(param):
+            continue
+        users = readers(sch, param, affine=True)
+        names = [name_of(sch, u) for u in users]
+        if any(n not in infos for n in names) or (
+                levels is not None and len({levels[n] for n in names}) > 1):
+            continue
+        sites = sum(load_count(sch, u, param) for u in users)
+        regions = [(infos[name_of(sch, u)], r) for u in users for r in sch.get(u).reads
+                   if r.source.same_as(param)]
+        if not regions:
+            continue
+        kinds = {access_rows(info, r, rows) for info, r in regions}
+        span = min(rows_sharing(info, r) for info, r in regions)
+        if kinds == {RowAccess.ALIGNED} and span == 1:
+            per_row = row_elements(param, rows)
+            own = all(reads_own_element(info, r, rows) for info, r in regions)
+            if sites >= 2:
+                dec.staged.append(Staging(param.name, BufferRole.INPUT, per_row * bytes_of(param),
+                                          f"read at {sites} places in the row", own=own))
+            elif any(info.elements > per_row for info, _ in regions):
+                dec.staged.append(Staging(param.name, BufferRole.INPUT, per_row * bytes_of(param),
+                                          "broadcast over the row: read once per row"))
+        elif sites >= 2 and all(permuted_row(info, r, rows) for info, r in regions):
+            dec.staged.append(Staging(param.name, BufferRole.INPUT,
+                                      row_elements(param, rows) * bytes_of(param),
+                                      f"read at {sites} places in a permuted row"))
+        elif span > 1 and len(param.shape) > 0:
+            size = elements_of(param) * span // rows * bytes_of(param)
+            dec.block_shared.append(BlockShared(param.name, max(size, bytes_of(param)), span))
+        elif sites >= 2:
+            dec.global_reads.append(Buffer(param.name, BufferRole.INPUT, StorageLevel.GLOBAL, 0,
+                                           f"read at {sites} places, not row-aligned"))
+
+
+def _single_value(buffer: tirx.Buffer) -> bool:
+    """Whether ``buffer`` holds one value. Every thread reads that same word, which the
+    cache serves; staging it would be a copy loop without loops."""
+    return all(isinstance(d, tirx.IntImm) and int(d) == 1 for d in buffer.shape)
+
+
+def _pack_vertically(dec: Decisions, mapping: ThreadMapping, gpu: GPU) -> ThreadMapping:
+    """Walk several groups of rows per block in sequence (vertical packing): as few as keep
+    the grid within one wave, or, when inputs are read alike by runs of rows, as many as
+    leave half a wave of blocks, so that those are staged once per block; inputs that no
+    block then shares are left in global memory."""
+    if is_symbolic(mapping.rows):
+        for b in dec.block_shared:
+            runs = "every row" if is_symbolic(b.span) else f"runs of {b.span} rows"
+            dec.global_reads.append(Buffer(b.name, BufferRole.INPUT, StorageLevel.GLOBAL, 0,
+                                           f"read alike by {runs}; symbolic row count, no "
+                                           "vertical packing: re-read (served by the L2 "
+                                           "cache)"))
+        dec.block_shared.clear()
+        return mapping
+    wave = launch_of(gpu, mapping.threads_per_block, shared_bytes_of(dec, mapping)).wave
+    if dec.block_shared:
+        span = min(b.span for b in dec.block_shared)
+        mapping = replace(mapping, row_steps=row_steps(mapping, wave, span))
+    rows_per_block = mapping.rows_per_block * mapping.row_steps
+    for b in list(dec.block_shared):
+        if rows_per_block == 1 or b.span % rows_per_block:
+            dec.block_shared.remove(b)
+            dec.global_reads.append(Buffer(b.name, BufferRole.INPUT, StorageLevel.GLOBAL, 0,
+                                           f"shared by runs of {b.span} rows, one row per "
+                                           "block: re-read (served by the L2 cache)"))
+    if not dec.block_shared:
+        mapping = replace(mapping, row_steps=row_steps(mapping, wave))
+    return mapping

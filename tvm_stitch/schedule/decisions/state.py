@@ -1,0 +1,131 @@
+"""What deciding a group collects (staged buffers, Regional intermediates, demotions)
+and the sizes and launch helpers every decision shares."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from math import prod
+
+from tvm import s_tir, tirx
+
+from ...analysis.roofline import GPU
+from ...plan import Buffer, BufferRole, Demotion, Launch, StorageLevel, ThreadMapping
+from ...symbolic import shape_values
+from ...target import WARP_SIZE
+from ..blocks import child_blocks
+from ..occupancy import aligned_shared, cached_elements_cap, launch_config
+from ..rows import Unstitchable
+
+
+@dataclass
+class Staging:
+    """A buffer kept in shared memory and its bytes for one row."""
+
+    name: str
+    role: BufferRole
+    per_row: int
+    note: str = ""
+    block: str = ""  # writer block (for intermediates that may be recomputed)
+    own: bool = False  # (an input) every reader reads only the element it is at
+
+    def bytes_for(self, rows_per_block: int) -> int:
+        """Shared bytes for ``rows_per_block`` rows at a time."""
+        return self.per_row * rows_per_block
+
+
+@dataclass
+class BlockShared:
+    """An input read alike by ``span`` consecutive rows: staged once per thread block."""
+
+    name: str
+    size: int  # bytes one block stages
+    span: int
+
+
+@dataclass
+class Decisions:
+    inlined: list[str] = field(default_factory=list)
+    regional: list[Staging] = field(default_factory=list)
+    results: list[Staging] = field(default_factory=list)  # reduction results (registers)
+    staged: list[Staging] = field(default_factory=list)
+    held: list[Staging] = field(default_factory=list)  # inputs held in registers
+    block_shared: list[BlockShared] = field(default_factory=list)
+    global_reads: list[Buffer] = field(default_factory=list)
+    demotions: list[Demotion] = field(default_factory=list)
+    reductions: int = 0
+
+
+def writes_param(sch: s_tir.Schedule, func: tirx.PrimFunc, block) -> bool:
+    return any(any(p.same_as(w.source) for p in func.params) for w in sch.get(block).writes)
+
+
+def launch_of(gpu: GPU, threads: int, shared_bytes: int, grid: int = 0) -> Launch:
+    try:
+        return launch_config(gpu, threads, shared_bytes, grid)
+    except ValueError as err:
+        raise Unstitchable(str(err)) from err
+
+
+def cap_text(launch: Launch) -> str:
+    return (f"{cached_elements_cap(launch)} (half of the {launch.max_registers} registers a "
+            f"thread of {launch.threads} may use)")
+
+
+def grid_of(mapping: ThreadMapping) -> int:
+    """The blocks a mapping launches; 0 when the row count is symbolic (known at run time)."""
+    return 0 if mapping.rows_expr else mapping.blocks
+
+
+def elements_of(buffer: tirx.Buffer) -> int:
+    """Elements of ``buffer``; a symbolic dimension counts as its stand-in."""
+    shape = shape_values(buffer.shape)
+    if shape is None:
+        raise Unstitchable(f"{buffer.name} has a dimension that is not a product of shape "
+                           "variables")
+    return prod(shape)
+
+
+def bytes_of(buffer: tirx.Buffer) -> int:
+    return max(buffer.dtype.bits * buffer.dtype.lanes // 8, 1)
+
+
+def widest_element(sch: s_tir.Schedule, func: tirx.PrimFunc) -> int:
+    """Bytes of the widest element any block reads or writes, parameters and intermediates
+    alike: a vector must fit ``VECTOR_BYTES`` in every dtype it is applied to (a float16
+    kernel that normalises in float32 takes four lanes, not eight)."""
+    regions = (r for b in child_blocks(sch) for r in (*sch.get(b).reads, *sch.get(b).writes))
+    return max([bytes_of(p) for p in func.params] + [bytes_of(r.source) for r in regions])
+
+
+def shared_bytes_of(dec: Decisions, mapping: ThreadMapping) -> int:
+    """Shared memory of the staged buffers and the reductions' scratch, each array aligned as
+    TVM declares it: a cross-thread reduction stages one value per warp (``red_buf_staging``)
+    and broadcasts its result (``red_result``)."""
+    rpb = mapping.rows_per_block
+    data = sum(aligned_shared(s.bytes_for(rpb)) for s in dec.regional + dec.staged)
+    data += sum(aligned_shared(b.size) for b in dec.block_shared)
+    warps = -(-mapping.threads_per_block // WARP_SIZE)
+    return data + dec.reductions * (aligned_shared(warps * 4) + aligned_shared(4))
+
+
+def plan_buffers(dec: Decisions, mapping: ThreadMapping, reused: list[str]) -> tuple[Buffer, ...]:
+    rpb = mapping.rows_per_block
+    out: list[Buffer] = []
+    for name in reused:
+        cached = f"{name}_shared"
+        kept = any(s.name == cached for s in dec.regional)
+        level = StorageLevel.SHARED if kept else StorageLevel.REGISTER
+        out.append(Buffer(name, BufferRole.OUTPUT, level, 0,
+                          "written out and read inside the kernel"))
+    for s in dec.regional + dec.staged:
+        out.append(Buffer(s.name, s.role, StorageLevel.SHARED, s.bytes_for(rpb), s.note,
+                          s.block))
+    for s in dec.results + dec.held:
+        out.append(Buffer(s.name, s.role, StorageLevel.REGISTER, 0, s.note, s.block))
+    rows = mapping.rows_per_block * mapping.row_steps
+    for b in dec.block_shared:
+        out.append(Buffer(b.name, BufferRole.INPUT, StorageLevel.SHARED, b.size,
+                          f"read alike by runs of {b.span} rows: once per block of {rows} rows",
+                          per_block=True))
+    out.extend(dec.global_reads)
+    return tuple(out)

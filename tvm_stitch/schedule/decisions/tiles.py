@@ -1,0 +1,73 @@
+"""Row tiles and column tiles of a persistent grid's row phases."""
+
+from __future__ import annotations
+
+from ...target import WARP_SIZE
+from ..mapping import divisors
+from ..phases import BlockRole, Roles
+from ..rows import Unstitchable
+
+MIN_TILE_ROWS = 8
+"""Rows of a row tile at least, when the rows allow, in a group with column reductions: each
+tile writes one row of partial sums and the next phase reads it back, so this keeps that
+traffic under a quarter of the input's."""
+
+
+SMALL_GLOBAL_ELEMENTS = 1 << 16
+"""A Global group's row phases over at most this many elements may run on few row tiles
+(as few as one, when no divisor of a prime row count fits the wave): the work is too small
+for the parallelism to matter, and one kernel still replaces TVM's several."""
+
+
+def row_tiles(rows: int, wave: int, partial_sums: bool, elements: int) -> int:
+    """Row tiles of a persistent grid: the most that divide the rows and fit one wave (with
+    ``partial_sums``, also no more than a tile per ``MIN_TILE_ROWS`` rows). Fewer than an
+    eighth of that is refused unless the row phases walk at most ``SMALL_GLOBAL_ELEMENTS``
+    ``elements``."""
+    most = min(wave, max(1, rows // MIN_TILE_ROWS)) if partial_sums else wave
+    tiles = max(d for d in divisors(rows) if d <= most)
+    if tiles * 8 < min(rows, most) and elements > SMALL_GLOBAL_ELEMENTS:
+        raise Unstitchable(f"{rows} rows do not split into about one wave of {most} tiles "
+                           f"(at most {tiles})")
+    return tiles
+
+
+def fewest_tiles(rows: int, max_steps: int) -> int:
+    """The fewest row tiles (a divisor of ``rows``) of at most ``max_steps`` rows each."""
+    return min(d for d in divisors(rows) if rows // d <= max(max_steps, 1))
+
+
+def column_tile_options(roles: Roles, threads: int) -> list[int]:
+    """Column tiles per row tile, best first, when the row phases only accumulate column
+    reductions (no block needs whole rows) of one width: a task then takes a tile of its row
+    tile's columns rather than all of them, so that fewer, longer row tiles fill the GPU and
+    fewer rows of partial sums go through global memory. Warp-wide tiles (one reduction: the
+    block's warps take parts of the tile's rows, lanes, and add up their sums in shared
+    memory), or a column per thread."""
+    widths = set(roles.columns.values())
+    if roles.of_kind(BlockRole.ROW) or len(widths) != 1:
+        return []
+    width = widths.pop()
+    options = []
+    if len(roles.columns) == 1 and threads % WARP_SIZE == 0 and width % WARP_SIZE == 0 \
+            and width > WARP_SIZE:
+        options.append(width // WARP_SIZE)
+    if width % threads == 0 and width > threads:
+        options.append(width // threads)
+    return options
+
+
+def choose_tiles(options: list[int], roles: Roles, rows: int, threads: int, wave: int,
+                 elements: int) -> tuple[int, int]:
+    """Row tiles and column tiles per row tile of the row phases: the first of ``options``
+    (``column_tile_options``) whose lanes (threads per tile column) divide the rows of a row
+    tile, with as many row tiles as then fit ``wave`` tasks; else no column tiles."""
+    partial_sums = bool(roles.columns)
+    for column_tiles in options:
+        if column_tiles > wave:  # not even one row tile's column tiles fit the wave
+            continue
+        tiles = row_tiles(rows, wave // column_tiles, partial_sums, elements)
+        width = next(iter(roles.columns.values())) // column_tiles
+        if (rows // tiles) % (threads // width) == 0:
+            return tiles, column_tiles
+    return row_tiles(rows, wave, partial_sums, elements), 1
