@@ -3,10 +3,11 @@ A bias add + erf-GELU on (2, 784, 384) float32 (a ViT-S MLP at 224x224) segfault
 runner: the plan kept the bias add's result in registers, but TVM could not bound a thread's
 region through the fused index's divisions on a 3-D shape and sized the register as the whole
 intermediate (9408 floats per thread after OpenCL's shrinking; 2352 at (2, 196, 384)).
-Owner: schedule/emit.py (``_register_per_thread``)."""
+Owner: schedule/emit.py (``_register_per_thread``), schedule/decisions/flat.py."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from tvm_stitch.testing.differential import check_model
@@ -39,4 +40,37 @@ def test_vectors_across_the_innermost_axis_are_not_cached_as_boxes(compare: str)
     picked = g.op("Where", g.op(compare, x, g.constant(0.0)), x, g.constant(1.5))
     outcome = check_model(g.model([picked]), "stitch", triage=False)
     assert outcome.kind == "ok" and not outcome.fallbacks, (outcome.error, outcome.fallbacks)
+    assert outcome.violations == []
+
+
+def test_a_register_read_through_a_reshape_takes_scalars() -> None:
+    # fuzz graph 4242:1746 (large 0.05): Min(x, 2) on (2, 784, 384), transposed to
+    # (784, 2, 384), then a Reshape to (784, 2, 6, 64) and a Sigmoid, all outputs. The
+    # transpose was kept in a register of vectors of 4 for both readers; with the reshape's
+    # indices unwrapped, no division flagged it, and compute-at bounded the vector's region
+    # of the register only by an expression nvcc cannot evaluate: 112 B of stack frame on
+    # sm_80 and sm_90. A register read in another shape now takes scalars.
+    g = GraphBuilder("reshape_of_a_register")
+    low = g.op("Min", g.input("x", (2, 784, 384)), g.constant(2.0))
+    moved = g.op("Transpose", low, perm=[1, 0, 2])
+    split = g.op("Reshape", moved, g.constant([784, 2, 6, 64], dtype=np.int64))
+    built = g.model([low, split, g.op("Sigmoid", moved)])
+    outcome = check_model(built, "stitch", triage=False, resources=True)
+    assert outcome.kind == "ok" and not outcome.fallbacks, (outcome.error, outcome.fallbacks)
+    assert outcome.violations == []
+
+
+def test_an_input_read_in_two_shapes_takes_scalars() -> None:
+    # fuzz graph 4242:860 (large 0.05), shrunk: x (2, 3136, 96) compared with its own reshape
+    # to (1, 2, 3136, 96), beside a LogSoftmax over axis -3 of it. The input kept in a
+    # register of vectors of 4 for both shapes segfaulted the SIMT runner (the class of
+    # graph 1746 above, fixed with it).
+    g = GraphBuilder("input_in_two_shapes")
+    x = g.input("x", (2, 3136, 96))
+    log = g.op("Neg", g.op("LogSoftmax", x, axis=-3))
+    again = g.op("Reshape", x, g.constant([1, 2, 3136, -1], dtype=np.int64))
+    picked = g.op("Where", g.op("GreaterOrEqual", again, x), x, g.constant(1.5))
+    built = g.model([log, picked, g.op("Neg", x)])
+    outcome = check_model(built, "stitch", triage=False, resources=True)
+    assert outcome.kind == "ok", outcome.error
     assert outcome.violations == []

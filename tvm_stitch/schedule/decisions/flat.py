@@ -11,7 +11,15 @@ from tvm import s_tir, tirx
 from ...analysis.roofline import GPU
 from ...plan import Buffer, BufferRole, Group, StorageLevel
 from ...symbolic import is_symbolic, symbolic_extent
-from ..blocks import child_blocks, load_count, name_of, readers, split_sinks, written_params
+from ..blocks import (
+    LOCAL,
+    child_blocks,
+    load_count,
+    name_of,
+    readers,
+    split_sinks,
+    written_params,
+)
 from ..mapping import flat_mapping
 from ..rows import RowAccess, Unstitchable, access_rows, block_rows, error_summary
 from ..vectors import lanes_fit_booleans
@@ -64,8 +72,9 @@ def decide_flat(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, reused: 
     mapping = replace(flat_mapping(size, max_threads, widest_element(sch, func), gpu),
                       rows_expr=size_expr)
     regions = [r for b in child_blocks(sch) for r in (*sch.get(b).reads, *sch.get(b).writes)]
-    if (kept or staged or reused) and any(_reshaped(r) or _splits_vectors(r, mapping.vector)
-                                          for r in regions):
+    if (kept or staged or reused) and (
+            any(_reshaped(r) or _splits_vectors(r, mapping.vector) for r in regions)
+            or _read_in_other_shapes(sch, {b.name for b in (*kept, *staged)})):
         # a register copy of a reshaped access, or of a vector that runs over the end of the
         # innermost axis (fuzz graph 4242:320, (4, 256, 14, 14) in vectors of 4: wrong
         # numbers), would be a bounding box around the vector
@@ -109,6 +118,26 @@ def _splits_vectors(region: tvm.ir.TensorRegion, vector: int) -> bool:
         return False
     last = shape[-1]
     return not isinstance(last, tirx.IntImm) or int(last) % vector != 0
+
+
+def _read_in_other_shapes(sch: s_tir.Schedule, names: set[str]) -> bool:
+    """Whether a block reads a buffer of ``names`` or a register copy of an output (kept in
+    registers) in a shape other than
+    its own (a reshape's reader, its indices unwrapped by ``transform.unwrap_indices``): the
+    same elements, but once the sinks' loops are fused, compute-at bounds a vector's region
+    of the register through the reader's divisions of the fused index only by an expression
+    nvcc cannot evaluate, and the register goes to local memory (fuzz graph 4242:1746:
+    Reshape and Sigmoid of a transpose of (2, 784, 384), a 112 B stack frame)."""
+    for block in child_blocks(sch):
+        stmt = sch.get(block)
+        shapes = [list(w.source.shape) for w in stmt.writes]
+        for region in stmt.reads:
+            kept = region.source.name in names or region.source.scope() == LOCAL
+            if kept and not any(
+                    tvm_ffi.structural_equal(list(region.source.shape), shape)
+                    for shape in shapes):
+                return True
+    return False
 
 
 def _wraps_around(region: tvm.ir.TensorRegion) -> bool:
