@@ -5,17 +5,16 @@ through a transpose is one of them. Owner: schedule/vectors.py, schedule/emit.py
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
-import tvm
 import tvm_ffi
-from onnx import TensorProto, helper, numpy_helper
+from stitch_helpers import stitched_functions
 from tvm import s_tir, tirx
 
 from tvm_stitch import verify
 from tvm_stitch.plan import GROUP_ATTR, StitchPlan
 from tvm_stitch.testing.differential import check_model
 from tvm_stitch.workloads import registry
+from tvm_stitch.workloads.graph import GraphBuilder
 
 
 def _vectorised(func: tirx.PrimFunc) -> set[str]:
@@ -31,28 +30,18 @@ def _vectorised(func: tirx.PrimFunc) -> set[str]:
     return found
 
 
-def _stitched(mod: tvm.IRModule) -> dict[int, tirx.PrimFunc]:
-    return {int(f.attrs[GROUP_ATTR]): f for _, f in mod.functions.items()
-            if isinstance(f, tirx.PrimFunc) and f.attrs is not None and GROUP_ATTR in f.attrs}
-
-
 def _planned_and_emitted(built) -> list[tuple]:
     mod = verify.compile_model(built, "stitch")
     plan = StitchPlan.of_module(mod)
-    funcs = _stitched(mod)
+    funcs = {int(f.attrs[GROUP_ATTR]): f for f in stitched_functions(mod).values()}
     return [(g, _vectorised(funcs[g.id])) for g in plan.groups]
 
 
 def test_a_layer_norm_read_through_a_transpose_stays_scalar() -> None:
-    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 3, 1]),
-             helper.make_node("LayerNormalization", ["t", "g", "b"], ["y"], axis=-1)]
-    graph = helper.make_graph(
-        nodes, "transposed_layer_norm",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64, 16, 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 16, 16, 64])],
-        initializer=[numpy_helper.from_array(np.linspace(0.5, 1.5, 64, dtype=np.float32), "g"),
-                     numpy_helper.from_array(np.linspace(-1, 1, 64, dtype=np.float32), "b")])
-    built = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    g = GraphBuilder("transposed_layer_norm")
+    moved = g.op("Transpose", g.input("x", (2, 64, 16, 16)), perm=[0, 2, 3, 1])
+    built = g.model([g.op("LayerNormalization", moved, g.weight("g", (64,), 1.0, 0.2),
+                          g.weight("b", (64,)), axis=-1)])
     ((group, vectorised),) = _planned_and_emitted(built)
     assert group.mapping.vector == 4 and "T_layer_norm" in group.scalar_blocks, group
     assert "T_layer_norm" not in vectorised

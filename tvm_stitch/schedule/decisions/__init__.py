@@ -32,7 +32,9 @@ collect, and shared sizes). This module picks the kind and checks the result by 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from tvm import s_tir, tirx
 from tvm.target import Target
@@ -63,6 +65,8 @@ from .split import decide_split
 from .state import launch_of
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 def target_budget(target: Target | None) -> tuple[int, int]:
@@ -140,19 +144,20 @@ def _with_vector_plan(fused: tirx.PrimFunc, group: Group) -> Group:
     mapping = group.mapping
     if mapping is None or mapping.kind is MappingKind.FLAT or mapping.vector == 1:
         return group
-    try:
-        done = rewritten(fused, group)
-    except Unstitchable:
-        raise
-    except Exception as err:  # noqa: BLE001 - any rewrite error means: fall back
-        raise Unstitchable(f"scheduling failed: {error_summary(err)}") from err
+    done = _scheduling(rewritten, fused, group)
     return replace(group, scalar_blocks=scalar_blocks(done.sch, done.vectorisable(),
                                                       mapping.vector))
 
 
 def _schedule(func: tirx.PrimFunc, group: Group) -> tirx.PrimFunc:
+    return _scheduling(kernel, func, group).func
+
+
+def _scheduling(step: Callable[[tirx.PrimFunc, Group], T], func: tirx.PrimFunc,
+                group: Group) -> T:
+    """``step(func, group)``, any schedule error in it an Unstitchable (fall back)."""
     try:
-        return kernel(func, group).func
+        return step(func, group)
     except Unstitchable:
         raise
     except Exception as err:  # noqa: BLE001 - any schedule error means: fall back
