@@ -128,6 +128,40 @@ _DEMOTION_TEXT = {
 }
 
 
+class ChoiceSource(StrEnum):
+    """What fixed a group's choices."""
+
+    HEURISTIC = "heuristic"  # the rules of ``schedule.decisions`` alone
+    DATABASE = "database"  # the best measured record of a tuning database
+    COST_MODEL = "cost model"  # the candidate a cost model ranked first
+
+
+@dataclass(frozen=True)
+class Choices:
+    """The choices of a kernel that a chooser (a cost model, the tuner, a database) fixes,
+    each None when left to the heuristic: threads per row, rows packed per block and rows
+    walked in sequence, elements per access, threads per block of an element-wise kernel,
+    parts per row of task splitting (1: none), column tiles of a Global group's row phases
+    (1: none), and the inputs re-read from global memory rather than staged on chip.
+    ``schedule.decisions`` applies them and raises Unstitchable for an illegal one; the
+    candidate space (``tuning.space``) offers only legal ones."""
+
+    threads_per_row: int | None = None
+    rows_per_block: int | None = None
+    row_steps: int | None = None
+    vector: int | None = None
+    block_threads: int | None = None
+    split_parts: int | None = None
+    column_tiles: int | None = None
+    reread: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        fixed = [f"{f.name.replace('_', ' ')} {getattr(self, f.name)}" for f in fields(self)
+                 if f.name != "reread" and getattr(self, f.name) is not None]
+        fixed += [f"re-read {', '.join(self.reread)}"] if self.reread else []
+        return ", ".join(fixed) or "the heuristic's"
+
+
 @dataclass(frozen=True)
 class ThreadMapping:
     """Thread mapping of a group: ``rows`` tasks of ``row_length`` elements each.
@@ -328,6 +362,8 @@ class Group:
     permuted_copies: tuple[str, ...] = ()
     permuted_outputs: tuple[str, ...] = ()
     scalar_blocks: tuple[str, ...] = ()
+    choices: Choices = field(default_factory=Choices)
+    source: ChoiceSource = ChoiceSource.HEURISTIC
 
     @property
     def grid_barriers(self) -> int:
@@ -465,6 +501,8 @@ def format_plan(plan: StitchPlan) -> str:
                             if g.permuted_outputs else ""))
         if g.scalar_blocks:
             lines.append(f"  scalar accesses: {', '.join(g.scalar_blocks)}")
+        if g.source is not ChoiceSource.HEURISTIC:
+            lines.append(f"  chosen by the {g.source.value}: {g.choices}")
         if g.launch is not None:
             lines.append(f"  launch {g.launch}")
         for i, ph in enumerate(g.phases):
@@ -529,7 +567,7 @@ def _convert(annotation: str, value: Any) -> Any:
 
 _NESTED.update({
     cls.__name__: cls
-    for cls in (Scheme, MappingKind, StorageLevel, BufferRole, PhaseKind, DominantKind,
-                DemotionKind, Demotion, ThreadMapping, Edge, Dominant, Buffer, Launch, Phase,
-                Group, Fallback, ComputeOp, Refusal)
+    for cls in (Scheme, MappingKind, ChoiceSource, Choices, StorageLevel, BufferRole,
+                PhaseKind, DominantKind, DemotionKind, Demotion, ThreadMapping, Edge,
+                Dominant, Buffer, Launch, Phase, Group, Fallback, ComputeOp, Refusal)
 })

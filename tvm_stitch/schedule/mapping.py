@@ -121,17 +121,20 @@ float16."""
 
 
 def flat_mapping(elements: int, max_threads: int = MAX_THREADS_PER_BLOCK,
-                 element_bytes: int = 4, gpu: GPU = DEFAULT_GPU) -> ThreadMapping:
+                 element_bytes: int = 4, gpu: GPU = DEFAULT_GPU,
+                 threads: int | None = None) -> ThreadMapping:
     """``BLOCK_THREADS`` threads per block (fewer for tiny sizes), each on a vector of
     consecutive elements as wide as ``VECTOR_BYTES`` allows for elements of
     ``element_bytes`` (the widest in the kernel) when the blocks then divide the elements
     (aligned, no partial vectors) and still give every SM of ``gpu`` a block, else on one
     element; always on one for a symbolic count, whose last block is guarded. One element
     (0-d tensors) takes one thread: the producers of a 0-d value are computed in every thread
-    of the block, unguarded, so a warp would load its inputs 32 times."""
-    threads = min(max_threads, BLOCK_THREADS, max(WARP_SIZE, _pow2_ceil(elements)))
-    if elements == 1:
-        threads = 1
+    of the block, unguarded, so a warp would load its inputs 32 times. ``threads`` fixes
+    the threads per block instead."""
+    if threads is None:
+        threads = min(max_threads, BLOCK_THREADS, max(WARP_SIZE, _pow2_ceil(elements)))
+        if elements == 1:
+            threads = 1
     vector = 1 if is_symbolic(elements) else max(1, VECTOR_BYTES // element_bytes)
     while vector > 1 and (elements % (threads * vector)
                           or elements // (threads * vector) < gpu.sms):

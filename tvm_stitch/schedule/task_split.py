@@ -252,15 +252,19 @@ def is_combine(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
     return annotations is not None and COMBINE_ATTR in annotations
 
 
+def split_options(rows: int, length: int, wave: int, threads: int) -> list[int]:
+    """Every number of parts per row task splitting may take, ascending: sub-rows that fit
+    one ``wave`` of blocks, each at least ``threads`` elements long (a divisor of
+    ``length``)."""
+    return [parts for parts in range(2, length // threads + 1)
+            if length % parts == 0 and rows * parts <= wave]
+
+
 def split_parts(rows: int, length: int, wave: int, threads: int) -> int:
-    """Parts per row for task splitting: the most sub-rows that fit one ``wave`` of blocks,
-    each at least ``threads`` elements long (a divisor of ``length``); 1 when splitting would
-    not give more blocks."""
-    best = 1
-    for parts in range(2, length // threads + 1):
-        if length % parts == 0 and rows * parts <= wave:
-            best = parts
-    return best
+    """Parts per row for task splitting: the most of ``split_options``; 1 when splitting
+    would not give more blocks."""
+    return max(split_options(rows, length, wave, threads), default=1)
 
 
-__all__ = ["COMBINE_ATTR", "split_rows", "combine_per_reader", "is_combine", "split_parts"]
+__all__ = ["COMBINE_ATTR", "split_rows", "combine_per_reader", "is_combine", "split_options",
+           "split_parts"]

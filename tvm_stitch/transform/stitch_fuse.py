@@ -3,7 +3,8 @@
 1. Group the memory-intensive ops (``tvm_stitch.graph``).
 2. Outline each group into a ``Primitive`` function and let FuseTIR merge it into one
    PrimFunc.
-3. Decide each group's kernel (``tvm_stitch.schedule.decisions``), which also checks that the
+3. Decide each group's kernel (``tvm_stitch.schedule.decisions``; a chooser in force, such
+   as a tuning database, is asked first: ``decisions.choosing``), which also checks that the
    schedule can be emitted. A group that cannot be stitched is sent back with its reason:
    its ops fall back, and steps 1-3 run again without them. A compute kernel that absorbs
    copies (``graph.operands``) is outlined the same way and scheduled by dlight's matmul
@@ -29,7 +30,7 @@ from ..graph.ops import OPAQUE
 from ..graph.planner import Draft, draft_plan
 from ..graph.tvm_fusion import tvm_fusion_groups
 from ..plan import GROUP_ATTR, ComputeOp, Fallback, Group, Refusal, StitchPlan
-from ..schedule.decisions import decide
+from ..schedule.decisions.choosing import Task, decisions_for
 from ..schedule.rows import Unstitchable, error_summary
 from ..schedule.rule import contraction_rules, is_scheduled, pads_matmul, schedule_func
 from .outline import outline
@@ -194,21 +195,23 @@ def _decide_all(fused: IRModule, draft: Draft, names: dict[int | str, str],
         if not isinstance(func, tirx.PrimFunc):
             failures.append((entry.ops, "FuseTIR did not make one PrimFunc"))
             continue
+        task = Task(func, replace(entry, function=name), og.rows, target)
         try:
-            decided = decide(func, replace(entry, function=name), og.rows, target)
+            for decided in decisions_for(task):
+                # a Global group's partial sums make a round trip through global memory by
+                # design, bought for parallelism where TVM's kernel leaves most of the GPU idle
+                moved = None if decided.lowered is None else global_bytes(
+                    decided.lowered,
+                    {p.name for p in func.params} if decided.group.phases else None)
+                worse = None if yardstick is None or moved is None else yardstick.excess(
+                    frozenset(n.var for n in og.nodes), moved)
+                if not worse:
+                    groups.append(decided.group)
+                    break
+            else:
+                failures.append((entry.ops, worse))
         except Unstitchable as err:
             failures.append((entry.ops, str(err)))
-            continue
-        # a Global group's partial sums make a round trip through global memory by design,
-        # bought for parallelism where TVM's kernel leaves most of the GPU idle
-        moved = None if decided.lowered is None else global_bytes(
-            decided.lowered, {p.name for p in func.params} if decided.group.phases else None)
-        worse = None if yardstick is None or moved is None else yardstick.excess(
-            frozenset(n.var for n in og.nodes), moved)
-        if worse:
-            failures.append((entry.ops, worse))
-        else:
-            groups.append(decided.group)
     return groups, failures
 
 

@@ -41,7 +41,7 @@ from tvm.target import Target
 
 from ...analysis.roofline import GPU
 from ...lowering import LoweredFunc, lower
-from ...plan import Group, MappingKind
+from ...plan import Choices, Group, MappingKind
 from ...target import MAX_SHARED_MEMORY_PER_BLOCK, MAX_THREADS_PER_BLOCK
 from ..blocks import (
     LOCAL,
@@ -82,21 +82,25 @@ def target_budget(target: Target | None) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class Decided:
-    """A group with its kernel decisions, and its kernel lowered for the target (None when
-    decided without one)."""
+    """A group with its kernel decisions, its scheduled kernel, and that kernel lowered for
+    the target (None when decided without one)."""
 
     group: Group
+    scheduled: tirx.PrimFunc
     lowered: LoweredFunc | None
 
 
 def decide(func: tirx.PrimFunc, group: Group, rows: int | None,
-           target: Target | None = None) -> Decided:
+           target: Target | None = None, choices: Choices | None = None) -> Decided:
     """``group`` completed with its kernel decisions for ``func``; raises Unstitchable.
 
-    The decisions are checked by scheduling ``func`` with them once (``kernel``) and, given a
-    target, building it; the launch configuration is settled against the shared memory the
-    built kernel really declares.
+    ``choices`` fixes what it names (``plan.Choices``), the rules decide the rest; an
+    illegal choice raises Unstitchable. The decisions are checked by scheduling ``func``
+    with them once (``kernel``) and, given a target, building it; the launch configuration
+    is settled against the shared memory the built kernel really declares.
     """
+    choices = choices or Choices()
+    group = replace(group, choices=choices)
     budget, max_threads = target_budget(target)
     gpu = device_of(target)
     fused, func = func, prepare(func)
@@ -113,10 +117,15 @@ def decide(func: tirx.PrimFunc, group: Group, rows: int | None,
         done = decide_global(sch, func, group, rows, budget, max_threads, gpu)
     else:
         split = decide_split(func, group, rows, budget, max_threads, gpu)
+        if split is None and (choices.split_parts or 1) > 1:
+            raise Unstitchable(f"the rows cannot be split in {choices.split_parts} parts")
         if split is not None:
             try:
                 return _built(fused, split, target, gpu)
             except (Unstitchable, ValueError) as err:  # a block per row instead
+                if choices.split_parts:
+                    raise Unstitchable(f"task splitting in {choices.split_parts} parts does "
+                                       f"not build: {error_summary(err)}") from err
                 logger.debug("task splitting of %s does not build: %s", group.ops,
                              error_summary(err))
         reused = cache_reused_outputs(sch, func, SHARED)
@@ -130,12 +139,13 @@ def _built(fused: tirx.PrimFunc, done: Group, target: Target | None, gpu: GPU) -
     done = _with_vector_plan(fused, done)
     scheduled = _schedule(fused, done)  # emission prepares (and permutes) as decide does
     if target is None:
-        return Decided(done, None)
+        return Decided(done, scheduled, None)
     lowered = _lower(scheduled, done, target)
     settled = _settle_launch(done, lowered, gpu)
     if settled is not done:
-        lowered = _lower(_schedule(fused, settled), settled, target)
-    return Decided(settled, lowered)
+        scheduled = _schedule(fused, settled)
+        lowered = _lower(scheduled, settled, target)
+    return Decided(settled, scheduled, lowered)
 
 
 def _with_vector_plan(fused: tirx.PrimFunc, group: Group) -> Group:

@@ -9,7 +9,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 
 from ...analysis.roofline import GPU
-from ...plan import Buffer, BufferRole, Group, StorageLevel
+from ...plan import Buffer, BufferRole, Choices, Group, StorageLevel, ThreadMapping
 from ...symbolic import is_symbolic, symbolic_extent
 from ..blocks import (
     LOCAL,
@@ -20,9 +20,10 @@ from ..blocks import (
     split_sinks,
     written_params,
 )
-from ..mapping import flat_mapping
+from ..mapping import VECTOR_BYTES, flat_mapping
 from ..rows import RowAccess, Unstitchable, access_rows, block_rows, error_summary
 from ..vectors import lanes_fit_booleans
+from .chosen import chosen_threads
 from .state import elements_of, grid_of, launch_of, widest_element, writes_param
 
 
@@ -69,8 +70,12 @@ def decide_flat(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, reused: 
                                  f"read at {sites} places"))
     buffers = tuple(Buffer(n, BufferRole.OUTPUT, StorageLevel.REGISTER, 0,
                            "written out and read inside the kernel") for n in reused)
-    mapping = replace(flat_mapping(size, max_threads, widest_element(sch, func), gpu),
-                      rows_expr=size_expr)
+    widest = widest_element(sch, func)
+    mapping = _chosen_flat(replace(
+        flat_mapping(size, max_threads, widest, gpu,
+                     chosen_threads(0, group.choices.block_threads, max_threads,
+                                    "threads per block") or None),
+        rows_expr=size_expr), group.choices, widest)
     regions = [r for b in child_blocks(sch) for r in (*sch.get(b).reads, *sch.get(b).writes)]
     if (kept or staged or reused) and (
             any(_reshaped(r) or _splits_vectors(r, mapping.vector) for r in regions)
@@ -86,6 +91,22 @@ def decide_flat(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, reused: 
                    buffers=buffers + tuple(kept) + tuple(staged), shared_bytes=0,
                    shared_budget=0, scalar_blocks=scalar,
                    launch=launch_of(gpu, mapping.threads_per_block, 0, grid_of(mapping)))
+
+
+def _chosen_flat(mapping: ThreadMapping, choices: Choices, element_bytes: int
+                 ) -> ThreadMapping:
+    """``mapping`` with the elements per access ``choices`` fixes: whole aligned vectors
+    of at most ``VECTOR_BYTES`` (elements of ``element_bytes``) that the blocks divide, of
+    a static count."""
+    vector = choices.vector
+    if vector is None or vector == mapping.vector:
+        return mapping
+    elements, threads = mapping.rows, mapping.threads_per_block
+    if vector & (vector - 1) or vector * element_bytes > VECTOR_BYTES or (vector > 1 and (
+            is_symbolic(elements) or elements % (threads * vector))):
+        raise Unstitchable(f"vectors of {vector}: {elements} elements do not split into "
+                           f"blocks of {threads} threads on whole vectors")
+    return replace(mapping, vector=vector)
 
 
 def _element_aligned(sch: s_tir.Schedule, blocks: list, buffer: tirx.Buffer, size: int

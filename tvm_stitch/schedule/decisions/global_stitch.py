@@ -40,6 +40,7 @@ from ..phases import (
 from ..rows import BlockRows, Unstitchable, block_rows, error_summary, rows_sharing
 from ..task_split import combine_per_reader, split_output_copies
 from .budget import fit_budget
+from .chosen import chosen_column_tiles, chosen_threads, chosen_vector, reread_chosen
 from .rows import check_alignment, decide_inlining, decide_staging, register_cache
 from .state import (
     Decisions,
@@ -92,9 +93,13 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
         check_alignment(sch, infos, rows, among_rows=True)
     columns = {name: column_view(sch, sch.get_sblock(name)) for name in roles.columns}
     decide_staging(sch, func, {**infos, **columns}, rows, dec, roles.levels)
+    choices = group.choices
+    reread_chosen(dec, choices)
     dec.reductions = sum(1 for info in infos.values() if info.is_reduction)
     length = max([i.elements for i in infos.values()] + list(roles.columns.values()))
-    per_row = threads or row_mapping(rows, length, 1, max_threads, gpu).threads_per_row
+    per_row = threads or chosen_threads(row_mapping(rows, length, 1, max_threads, gpu)
+                                        .threads_per_row, choices.threads_per_row, max_threads,
+                                        "threads per row")
     mapping = ThreadMapping(MappingKind.BLOCK_PER_ROW, rows, length, 1,
                             max(per_row, WARP_SIZE))
     _keep_partials_global(sch, roles, dec)
@@ -110,7 +115,7 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
                                       budget=budget))
         accumulators = {}
     mapping = fit_budget(sch, dec, mapping, budget - sum(accumulators.values()))
-    vector = row_vector(length, widest_element(sch, func))
+    vector = chosen_vector(row_vector(length, widest_element(sch, func)), choices)
     # As in a row group (a vector would not follow held registers), and only when every
     # thread gets a whole vector: the block's threads are sized for scalar accesses, and
     # fewer threads on more elements each keep more in registers (fuzz case g469 spilled).
@@ -120,8 +125,9 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
     # An input staged once per block covers the block's whole rows, not a tile of its columns
     # (tiling columns then read the staged copy at the wrong columns).
     # Nor do registers, which hold a thread's columns of every row of its tile.
-    options = [] if dec.block_shared or in_registers \
-        else column_tile_options(roles, mapping.threads_per_block)
+    options = chosen_column_tiles([] if dec.block_shared or in_registers
+                                  else column_tile_options(roles, mapping.threads_per_block),
+                                  choices)
     most = max(options, default=1)
     accumulators = {name: size // most + (mapping.threads_per_block * bytes_of(
         sch.get(sch.get_sblock(name)).writes[0].source) if most > 1 else 0)

@@ -11,7 +11,7 @@ from ...analysis.roofline import GPU
 from ...plan import Buffer, BufferRole, Group, StorageLevel, ThreadMapping
 from ...symbolic import is_symbolic, symbolic_extent
 from ..blocks import child_blocks, load_count, name_of, readers, written_params
-from ..mapping import row_mapping, row_steps, row_vector
+from ..mapping import MAX_ROW_STEPS, row_mapping, row_steps, row_vector
 from ..occupancy import cached_elements_cap
 from ..rows import (
     BlockRows,
@@ -26,6 +26,7 @@ from ..rows import (
     rows_sharing,
 )
 from .budget import fit_budget
+from .chosen import chosen_row_mapping, chosen_vector, reread_chosen
 from .state import (
     BlockShared,
     Decisions,
@@ -51,17 +52,20 @@ def decide_rows(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: in
     decide_inlining(sch, func, infos, rows, dec)
     infos = {name_of(sch, b): block_rows(sch, b, rows) for b in child_blocks(sch)}
     decide_staging(sch, func, infos, rows, dec)
+    choices = group.choices
+    reread_chosen(dec, choices)
     dec.reductions = sum(1 for info in infos.values() if info.is_reduction)
     length = max(info.elements for info in infos.values())
-    vector = row_vector(length, widest_element(sch, func))
+    vector = chosen_vector(row_vector(length, widest_element(sch, func)), choices)
     if is_symbolic(rows):  # packed rows: the last block's rows past the end are guarded
         rows_expr = symbolic_extent([i.size for i in next(iter(infos.values())).row_iters])
         mapping = replace(row_mapping(rows, length, None, max_threads, gpu, vector),
                           rows_expr=rows_expr)
     else:
         mapping = row_mapping(rows, length, rows, max_threads, gpu, vector)
+    mapping = chosen_row_mapping(mapping, choices, max_threads)
     mapping = fit_budget(sch, dec, mapping, budget)
-    mapping = _pack_vertically(dec, mapping, gpu)
+    mapping = _pack_vertically(dec, mapping, gpu, choices.row_steps)
     if not dec.held:  # a vector would give a thread other elements than its registers hold
         mapping = replace(mapping, vector=vector)
     shared = shared_bytes_of(dec, mapping)
@@ -225,11 +229,18 @@ def _single_value(buffer: tirx.Buffer) -> bool:
     return all(isinstance(d, tirx.IntImm) and int(d) == 1 for d in buffer.shape)
 
 
-def _pack_vertically(dec: Decisions, mapping: ThreadMapping, gpu: GPU) -> ThreadMapping:
+def _pack_vertically(dec: Decisions, mapping: ThreadMapping, gpu: GPU,
+                     chosen: int | None = None) -> ThreadMapping:
     """Walk several groups of rows per block in sequence (vertical packing): as few as keep
     the grid within one wave, or, when inputs are read alike by runs of rows, as many as
     leave half a wave of blocks, so that those are staged once per block; inputs that no
-    block then shares are left in global memory."""
+    block then shares are left in global memory. ``chosen`` fixes the steps (a divisor of
+    the block's row groups)."""
+    if chosen is not None and chosen != 1 and (
+            is_symbolic(mapping.rows) or chosen > MAX_ROW_STEPS
+            or (mapping.rows // mapping.rows_per_block) % chosen):
+        raise Unstitchable(f"{chosen} row steps do not divide the row groups of "
+                           f"{mapping.rows} rows, {mapping.rows_per_block} per block")
     if is_symbolic(mapping.rows):
         for b in dec.block_shared:
             runs = "every row" if is_symbolic(b.span) else f"runs of {b.span} rows"
@@ -240,7 +251,9 @@ def _pack_vertically(dec: Decisions, mapping: ThreadMapping, gpu: GPU) -> Thread
         dec.block_shared.clear()
         return mapping
     wave = launch_of(gpu, mapping.threads_per_block, shared_bytes_of(dec, mapping)).wave
-    if dec.block_shared:
+    if chosen is not None:
+        mapping = replace(mapping, row_steps=chosen)
+    elif dec.block_shared:
         span = min(b.span for b in dec.block_shared)
         mapping = replace(mapping, row_steps=row_steps(mapping, wave, span))
     rows_per_block = mapping.rows_per_block * mapping.row_steps
@@ -250,6 +263,6 @@ def _pack_vertically(dec: Decisions, mapping: ThreadMapping, gpu: GPU) -> Thread
             dec.global_reads.append(Buffer(b.name, BufferRole.INPUT, StorageLevel.GLOBAL, 0,
                                            f"shared by runs of {b.span} rows, one row per "
                                            "block: re-read (served by the L2 cache)"))
-    if not dec.block_shared:
+    if not dec.block_shared and chosen is None:
         mapping = replace(mapping, row_steps=row_steps(mapping, wave))
     return mapping

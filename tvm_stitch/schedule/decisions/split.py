@@ -11,7 +11,7 @@ from ...analysis.roofline import GPU
 from ...plan import Group
 from ..blocks import add_unit_loops, child_blocks
 from ..rows import block_rows, error_summary
-from ..task_split import split_parts, split_rows
+from ..task_split import split_options, split_parts, split_rows
 from .global_stitch import decide_global
 from .state import launch_of
 
@@ -31,13 +31,19 @@ def decide_split(func: tirx.PrimFunc, group: Group, rows: int, budget: int,
     """Task splitting: a row group with fewer rows than the GPU has SMs, and long rows, split
     each row over several blocks (``task_split``) and stitched Globally over the sub-rows;
     None when the rows should not or cannot be split (a block per row then)."""
+    chosen = group.choices.split_parts
+    if chosen == 1:
+        return None
     sch = s_tir.Schedule(func)
     add_unit_loops(sch)
     length = max(block_rows(sch, b, rows).elements for b in child_blocks(sch))
     threads = min(SPLIT_THREADS, max_threads)
     if rows >= gpu.sms or length < SPLIT_MIN_LENGTH:
         return None
-    parts = split_parts(rows, length, launch_of(gpu, threads, 0).wave, threads)
+    wave = launch_of(gpu, threads, 0).wave
+    if chosen is not None and chosen not in split_options(rows, length, wave, threads):
+        return None
+    parts = chosen or split_parts(rows, length, wave, threads)
     if parts == 1:
         return None
     try:

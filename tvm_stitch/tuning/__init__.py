@@ -1,0 +1,2 @@
+"""Choosing between stitch plans: candidates, cost models, measurement, the tuner and its
+database."""
