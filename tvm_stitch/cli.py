@@ -1,4 +1,4 @@
-"""The ``tvm-stitch`` command line: ``demo``, ``verify`` and ``workloads``."""
+"""The ``tvm-stitch`` command line: ``demo``, ``verify``, ``tune`` and ``workloads``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import sys
 from . import analysis, pipeline, verify, workloads
 from .plan import StitchPlan
 from .target import DEFAULT_TARGET
+from .tuning import command as tune_command
 from .workloads.__main__ import format_table
 
 DEMO_WORKLOAD = "bert_layer"
@@ -48,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     p_verify = sub.add_parser("verify", help="check a model against onnxruntime, print JSON")
     verify.add_arguments(p_verify)
 
+    p_tune = sub.add_parser("tune", help="tune a model's stitched groups into a database")
+    tune_command.add_arguments(p_tune)
+
     sub.add_parser("workloads", help="list the workload zoo")
 
     args = parser.parse_args(argv)
@@ -57,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         return demo(args.workload, args.size, args.target, args.seed)
     if args.command == "verify":
         return verify.run(args)
+    if args.command == "tune":
+        return tune_command.run(args)
     print(format_table())
     return 0
 

@@ -10,6 +10,7 @@ at the sizes ``--dim NAME=SIZE`` gives them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from dataclasses import dataclass
@@ -20,8 +21,9 @@ from tvm.ir import IRModule
 
 from . import analysis, pipeline
 from .frontend.onnx import ModelError, graph_inputs, import_model, load
-from .plan import StitchPlan
+from .plan import ChoiceSource, StitchPlan
 from .target import DEFAULT_TARGET
+from .tuning.database import DatabaseError, use_database
 from .workloads import inputs as make_inputs
 from .workloads.inputs import input_signature
 
@@ -153,6 +155,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dim", type=_dim, action="append", default=[], metavar="NAME=SIZE",
                         help="size of a symbolic input dimension (an ONNX dim_param) to run "
                              "and measure the model at; the model is compiled symbolic")
+    parser.add_argument("--db", metavar="DIR",
+                        help="a tuning database (tvm-stitch tune): the stitch flow applies "
+                             "its best record to every group it matches")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -165,16 +170,26 @@ def run(args: argparse.Namespace) -> int:
     try:
         model = load(args.model)
         _require_sized_inputs(model, dims)
-        scheduled = compile_model(model, args.pipeline, args.target)
-    except ModelError as err:
+        with _database(args.db):
+            scheduled = compile_model(model, args.pipeline, args.target)
+    except (ModelError, DatabaseError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if args.plan:
         print(StitchPlan.of_module(scheduled) or "no stitch plan: the baseline flow",
               file=sys.stderr)
     result = summarize(scheduled, model, args.seed, dims)
+    if args.db:
+        plan = StitchPlan.of_module(scheduled)
+        result["groups_from_database"] = sum(
+            g.source is ChoiceSource.DATABASE for g in (plan.groups if plan else ()))
     print(json.dumps(result))
     return 0 if result["ok"] else 1
+
+
+def _database(path: str | None) -> contextlib.AbstractContextManager:
+    """Within it, compiles apply the tuning database at ``path`` (nothing without one)."""
+    return contextlib.nullcontext() if path is None else use_database(path)
 
 
 def main(argv: list[str] | None = None) -> int:
