@@ -142,7 +142,8 @@ class Choices:
     each None when left to the heuristic: threads per row, rows packed per block and rows
     walked in sequence, elements per access, threads per block of an element-wise kernel,
     parts per row of task splitting (1: none), column tiles of a Global group's row phases
-    (1: none), and the inputs re-read from global memory rather than staged on chip.
+    (1: none), the inputs re-read from global memory rather than staged on chip, and the
+    inputs held in their threads' registers rather than staged per row.
     ``schedule.decisions`` applies them and raises Unstitchable for an illegal one; the
     candidate space (``tuning.space``) offers only legal ones."""
 
@@ -154,11 +155,13 @@ class Choices:
     split_parts: int | None = None
     column_tiles: int | None = None
     reread: tuple[str, ...] = ()
+    held: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         fixed = [f"{f.name.replace('_', ' ')} {getattr(self, f.name)}" for f in fields(self)
-                 if f.name != "reread" and getattr(self, f.name) is not None]
+                 if f.name not in ("reread", "held") and getattr(self, f.name) is not None]
         fixed += [f"re-read {', '.join(self.reread)}"] if self.reread else []
+        fixed += [f"held in registers {', '.join(self.held)}"] if self.held else []
         return ", ".join(fixed) or "the heuristic's"
 
 

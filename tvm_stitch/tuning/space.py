@@ -3,7 +3,8 @@
 The rules' own kernel (``Choices()``) comes first. The other choices vary what the rules
 decide (``plan.Choices``) around the rules' kernel: threads per row and per block, rows
 packed per block and walked in sequence, elements per access, task-splitting parts, column
-tiles, and which staged inputs are re-read instead. A choice is offered only once
+tiles, and which staged inputs are re-read or held in registers instead. A choice is offered
+only once
 ``decisions.decide`` has built it, so every candidate is legal by construction: its
 resource checks (shared memory, registers, waves of a persistent grid) ran before it is
 offered, and a choice the rules refuse is dropped.
@@ -63,11 +64,14 @@ def _around(value: int, max_threads: int, low: int = 1) -> list[int]:
     return _powers_of_two(max(low, value // SPREAD), min(max_threads, value * SPREAD))
 
 
-def _rereads(group: Group) -> list[tuple[str, ...]]:
-    """No input re-read, or each staged one alone."""
-    staged = [b.name for b in group.buffers
+def _stagings(group: Group) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
+    """(re-read, held) inputs: none, or each staged input alone re-read, or held in
+    registers when staged per row."""
+    staged = [b for b in group.buffers
               if b.level is StorageLevel.SHARED and b.role is BufferRole.INPUT]
-    return [(), *((name,) for name in dict.fromkeys(staged))]
+    names = dict.fromkeys(b.name for b in staged)
+    per_row = dict.fromkeys(b.name for b in staged if not b.per_block)
+    return [((), ()), *(((n,), ()) for n in names), *(((), (n,)) for n in per_row)]
 
 
 def choice_space(group: Group, max_threads: int) -> list[Choices]:
@@ -92,14 +96,14 @@ def choice_space(group: Group, max_threads: int) -> list[Choices]:
         threads = _around(mapping.threads_per_row, max_threads, WARP_SIZE)
         tiles = [None, 1, *{p.column_tiles for p in group.phases if p.column_tiles > 1}]
         space += [Choices(threads_per_row=t, column_tiles=c, vector=v, reread=r)
-                  for t, c, v, r in itertools.product(threads, tiles, vectors,
-                                                      _rereads(group))]
+                  for t, c, v, (r, _) in itertools.product(threads, tiles, vectors,
+                                                           _stagings(group))]
     else:
         threads = _around(mapping.threads_per_row, max_threads)
-        for t, v, r in itertools.product(threads, vectors, _rereads(group)):
+        for t, v, (r, h) in itertools.product(threads, vectors, _stagings(group)):
             packs = [p for p in PACKED_ROWS if p * t <= max_threads] if t <= WARP_SIZE else [1]
             space += [Choices(threads_per_row=t, rows_per_block=p, row_steps=s, vector=v,
-                              reread=r)
+                              reread=r, held=h)
                       for p, s in itertools.product(packs, [None, *ROW_STEPS])]
     return list(dict.fromkeys(space))
 

@@ -23,10 +23,7 @@ def fit_budget(sch: s_tir.Schedule, dec: Decisions, mapping: ThreadMapping,
         if dec.staged:
             victim = max(dec.staged, key=lambda s: s.bytes_for(mapping.rows_per_block))
             dec.staged.remove(victim)
-            slots = _register_slots(victim, mapping, sch)
-            if victim.own and slots <= REGISTER_ROW_ELEMENTS:
-                dec.held.append(replace(victim, note=f"{slots} element(s) of the row per "
-                                                     "thread"))
+            if hold(sch, dec, victim, mapping):
                 dec.demotions.append(Demotion(DemotionKind.HELD_IN_REGISTERS, victim.name,
                                               used=used, budget=budget))
                 continue
@@ -70,6 +67,18 @@ def fit_budget(sch: s_tir.Schedule, dec: Decisions, mapping: ThreadMapping,
 REGISTER_ROW_ELEMENTS = 32
 """Most elements of a row one thread holds in registers (an input that does not fit in shared
 memory): 32 of the 64 registers a thread of a 1024-thread block may use at full occupancy."""
+
+
+def hold(sch: s_tir.Schedule, dec: Decisions, staging: Staging, mapping: ThreadMapping
+         ) -> bool:
+    """Hold the input ``staging`` in its threads' registers instead (``dec.held``), if every
+    reader reads only its own elements and each thread holds at most
+    ``REGISTER_ROW_ELEMENTS`` of them; whether it is held."""
+    slots = _register_slots(staging, mapping, sch)
+    if not staging.own or slots > REGISTER_ROW_ELEMENTS:
+        return False
+    dec.held.append(replace(staging, note=f"{slots} element(s) of the row per thread"))
+    return True
 
 
 def _register_slots(staging: Staging, mapping: ThreadMapping, sch: s_tir.Schedule) -> int:

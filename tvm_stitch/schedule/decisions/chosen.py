@@ -3,13 +3,36 @@ an illegal one an Unstitchable, so that a wrong candidate is refused rather than
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
+
+from tvm import s_tir
 
 from ...plan import Buffer, BufferRole, Choices, MappingKind, StorageLevel, ThreadMapping
 from ...symbolic import is_symbolic
 from ...target import WARP_SIZE
 from ..rows import Unstitchable
+from .budget import hold
 from .state import Decisions
+
+FLAT_CHOICES = frozenset({"block_threads", "vector"})
+"""What an element-wise group's choices may fix."""
+
+ROW_CHOICES = frozenset({"threads_per_row", "rows_per_block", "row_steps", "vector",
+                         "split_parts", "reread", "held"})
+"""What a row group's choices may fix."""
+
+GLOBAL_CHOICES = frozenset({"threads_per_row", "vector", "split_parts", "column_tiles",
+                            "reread"})
+"""What a Global group's choices may fix (a split row group's: not its threads)."""
+
+
+def check_applicable(choices: Choices, allowed: frozenset[str], kind: str) -> None:
+    """Raise Unstitchable for a choice that a group of ``kind`` does not make: ignoring it
+    would record a kernel other than the one the choices name."""
+    fixed = sorted(f.name for f in fields(choices) if getattr(choices, f.name)
+                   not in (None, ()) and f.name not in allowed)
+    if fixed:
+        raise Unstitchable(f"{kind} group has no choice of {', '.join(fixed)}")
 
 
 def _power_of_two(n: int) -> bool:
@@ -73,6 +96,21 @@ def chosen_column_tiles(options: list[int], choices: Choices) -> list[int]:
         raise Unstitchable(f"{choices.column_tiles} column tiles: the row phases take "
                            f"{options or 'none'}")
     return [choices.column_tiles]
+
+
+def hold_chosen(sch: s_tir.Schedule, dec: Decisions, mapping: ThreadMapping,
+                choices: Choices) -> None:
+    """Hold the inputs ``choices`` holds in their threads' registers instead of staging them
+    per row (``budget.hold``: only inputs whose readers read their own elements, few enough
+    per thread)."""
+    for name in choices.held:
+        staged = next((s for s in dec.staged if s.name == name), None)
+        if staged is None:
+            raise Unstitchable(f"input {name} is not staged per row: nothing to hold")
+        dec.staged.remove(staged)
+        if not hold(sch, dec, staged, mapping):
+            raise Unstitchable(f"input {name} cannot be held in registers: a reader reads "
+                               "other elements, or a thread would hold too many")
 
 
 def reread_chosen(dec: Decisions, choices: Choices) -> None:

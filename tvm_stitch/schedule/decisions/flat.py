@@ -23,7 +23,7 @@ from ..blocks import (
 from ..mapping import VECTOR_BYTES, flat_mapping
 from ..rows import RowAccess, Unstitchable, access_rows, block_rows, error_summary
 from ..vectors import lanes_fit_booleans
-from .chosen import chosen_threads
+from .chosen import FLAT_CHOICES, check_applicable, chosen_threads
 from .state import elements_of, grid_of, launch_of, widest_element, writes_param
 
 
@@ -32,6 +32,7 @@ def decide_flat(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, reused: 
     """Element-wise group: each thread owns one element. A producer read once is inlined; one
     read more often is computed once into a register of the thread, if every reader reads the
     thread's own element (else it is recomputed); inputs read at several places likewise."""
+    check_applicable(group.choices, FLAT_CHOICES, "an element-wise")
     outputs = written_params(func, sch)
     sizes = {elements_of(p) for p in outputs}
     if len(sizes) != 1:

@@ -40,7 +40,14 @@ from ..phases import (
 from ..rows import BlockRows, Unstitchable, block_rows, error_summary, rows_sharing
 from ..task_split import combine_per_reader, split_output_copies
 from .budget import fit_budget
-from .chosen import chosen_column_tiles, chosen_threads, chosen_vector, reread_chosen
+from .chosen import (
+    GLOBAL_CHOICES,
+    check_applicable,
+    chosen_column_tiles,
+    chosen_threads,
+    chosen_vector,
+    reread_chosen,
+)
 from .rows import check_alignment, decide_inlining, decide_staging, register_cache
 from .state import (
     Decisions,
@@ -71,6 +78,8 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
     rows, except in rows split into ``split`` sub-rows (task splitting), which write their
     row's elements by design.
     """
+    check_applicable(group.choices, GLOBAL_CHOICES - ({"threads_per_row"} if threads else set()),
+                     "a split row" if split > 1 else "a Global")
     if is_symbolic(rows):
         raise Unstitchable("symbolic row count: Global stitching needs a persistent grid "
                            "capped at one wave, and the rows per block that needs are only "

@@ -26,7 +26,14 @@ from ..rows import (
     rows_sharing,
 )
 from .budget import fit_budget
-from .chosen import chosen_row_mapping, chosen_vector, reread_chosen
+from .chosen import (
+    ROW_CHOICES,
+    check_applicable,
+    chosen_row_mapping,
+    chosen_vector,
+    hold_chosen,
+    reread_chosen,
+)
 from .state import (
     BlockShared,
     Decisions,
@@ -46,6 +53,7 @@ from .state import (
 def decide_rows(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: int,
                 reused: list[str], budget: int, max_threads: int, gpu: GPU) -> Group:
     """Row group: every block walks the ``rows`` rows first (checked), then its elements."""
+    check_applicable(group.choices, ROW_CHOICES, "a row")
     infos = {name_of(sch, b): block_rows(sch, b, rows) for b in child_blocks(sch)}
     check_alignment(sch, infos, rows, permuted=group.permuted_outputs)
     dec = Decisions()
@@ -64,6 +72,7 @@ def decide_rows(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: in
     else:
         mapping = row_mapping(rows, length, rows, max_threads, gpu, vector)
     mapping = chosen_row_mapping(mapping, choices, max_threads)
+    hold_chosen(sch, dec, mapping, choices)
     mapping = fit_budget(sch, dec, mapping, budget)
     mapping = _pack_vertically(dec, mapping, gpu, choices.row_steps)
     if not dec.held:  # a vector would give a thread other elements than its registers hold

@@ -1,0 +1,118 @@
+"""Choices fix what they name and nothing else, an illegal one is refused, and the candidate
+space offers only kernels that decide built, the rules' first."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from tvm_stitch import pipeline, verify
+from tvm_stitch.frontend.onnx import import_model
+from tvm_stitch.plan import BufferRole, Choices, MappingKind, StitchPlan, StorageLevel
+from tvm_stitch.schedule.decisions import decide
+from tvm_stitch.schedule.decisions.choosing import Chooser, Task, choosing
+from tvm_stitch.schedule.rows import Unstitchable
+from tvm_stitch.tuning.space import candidates, choice_space
+from tvm_stitch.tuning.tasks import extract_tasks
+from tvm_stitch.workloads import micro
+
+TARGET = "cuda:sm_90"
+
+
+@functools.cache
+def _task(kind: str) -> Task:
+    model = {"rows": micro.layer_norm((64, 1024)), "flat": micro.bias_gelu((64, 1024)),
+             "split": micro.softmax((8, 8192)), "global": micro.layernorm_backward((256, 128)),
+             "staged": micro.scale_mask_softmax((4, 4, 64, 64))}[kind]
+    (task, *_) = extract_tasks(import_model(model), TARGET)
+    return task
+
+
+def _decide(kind: str, choices: Choices):
+    task = _task(kind)
+    return decide(task.func, task.group, task.rows, task.target, choices).group
+
+
+def test_row_choices_are_what_the_kernel_takes() -> None:
+    group = _decide("rows", Choices(threads_per_row=128, vector=2, row_steps=2))
+    assert group.mapping.kind is MappingKind.BLOCK_PER_ROW
+    assert (group.mapping.threads_per_row, group.mapping.vector, group.mapping.row_steps) == \
+        (128, 2, 2)
+    assert group.choices == Choices(threads_per_row=128, vector=2, row_steps=2)
+    packed = _decide("rows", Choices(threads_per_row=32, rows_per_block=4)).mapping
+    assert (packed.kind, packed.rows_per_block, packed.threads_per_row) == \
+        (MappingKind.WARP_PER_ROW, 4, 32)
+
+
+def test_flat_and_split_choices() -> None:
+    flat = _decide("flat", Choices(block_threads=128, vector=1)).mapping
+    assert (flat.threads_per_block, flat.vector) == (128, 1)
+    assert _decide("split", Choices()).row_split > 1
+    assert _decide("split", Choices(split_parts=1)).row_split == 1
+
+
+def test_staging_choices() -> None:
+    rules = _decide("rows", Choices())
+    assert [b.name for b in rules.staged if b.role is BufferRole.INPUT] == ["x"]
+    reread = _decide("rows", Choices(reread=("x",)))
+    assert [b.level for b in reread.buffers if b.name == "x"] == [StorageLevel.GLOBAL]
+    held = _decide("rows", Choices(held=("x",)))
+    assert [b.level for b in held.buffers if b.name == "x"] == [StorageLevel.REGISTER]
+    assert held.shared_bytes < rules.shared_bytes
+
+
+@pytest.mark.parametrize(("kind", "choices", "why"), [
+    ("rows", Choices(threads_per_row=48), "not a power of two"),
+    ("rows", Choices(threads_per_row=2048), "not a power of two up to 1024"),
+    ("rows", Choices(threads_per_row=128, rows_per_block=2), "a block per row"),
+    ("rows", Choices(threads_per_row=16, rows_per_block=128), "more than 1024 threads"),
+    ("rows", Choices(vector=8), "at most 4"),
+    ("rows", Choices(row_steps=3), "do not divide"),
+    ("rows", Choices(reread=("nothing",)), "not staged"),
+    ("rows", Choices(held=("const1",)), "not staged per row"),
+    ("global", Choices(held=("dy",)), "no choice of held"),
+    ("rows", Choices(block_threads=64), "no choice of block_threads"),
+    ("flat", Choices(threads_per_row=64), "no choice of threads_per_row"),
+    ("flat", Choices(block_threads=256, vector=16), "do not split"),
+    ("global", Choices(rows_per_block=2), "no choice of rows_per_block"),
+    ("global", Choices(column_tiles=3), "column tiles"),
+    ("split", Choices(split_parts=7), "cannot be split"),
+])
+def test_an_illegal_choice_is_refused(kind: str, choices: Choices, why: str) -> None:
+    with pytest.raises(Unstitchable, match=why):
+        _decide(kind, choices)
+
+
+@pytest.mark.parametrize("kind", ["rows", "flat", "split", "global"])
+def test_candidates_are_distinct_legal_kernels_the_rules_first(kind: str) -> None:
+    task = _task(kind)
+    found = candidates(task, 6)
+    assert found[0].choices == Choices()
+    assert len(found) > 1, choice_space(found[0].group, 1024)
+    groups = [c.group for c in found]
+    assert len({g.mapping for g in groups} | {g.buffers for g in groups}) > 1
+    for c in found[1:]:
+        again = decide(task.func, task.group, task.rows, task.target, c.choices).group
+        assert again == c.group
+
+
+class _Fixed(Chooser):
+    """Prefers the kernel of fixed choices for every task."""
+
+    def __init__(self, choices: Choices) -> None:
+        self.choices = choices
+
+    def preferred(self, task: Task):
+        yield decide(task.func, task.group, task.rows, task.target, self.choices)
+
+
+@pytest.mark.parametrize("choices", [Choices(held=("x",)), Choices(reread=("x",)),
+                                     Choices(threads_per_row=8, rows_per_block=8, vector=1)])
+def test_chosen_kernels_match_onnxruntime(choices: Choices) -> None:
+    model = micro.layer_norm((64, 1024))
+    with choosing(_Fixed(choices)):
+        scheduled = pipeline.lower(import_model(model), TARGET, flow="stitch")
+    (group,) = StitchPlan.of_module(scheduled).groups
+    assert group.choices == choices
+    assert verify.run_simt(scheduled, model).ok
