@@ -92,6 +92,7 @@ class KernelReport:
             "read_bytes": self.traffic.read_bytes,
             "write_bytes": self.traffic.write_bytes,
             "global_bytes": self.traffic.global_bytes,
+            "dram_bytes": self.traffic.dram_bytes,
             "accesses": self.traffic.accesses,
             "step_accesses": self.traffic.step_accesses,
             "exact": self.traffic.exact,
@@ -140,6 +141,19 @@ class ModuleReport:
         return self.read_bytes + self.write_bytes
 
     @property
+    def dram_bytes(self) -> int:
+        """Global bytes that reach DRAM: all but the L2 cache's re-reads of small buffers
+        (``traffic.L2_RESIDENT_BYTES``)."""
+        return sum(k.traffic.dram_bytes for k in self.kernels)
+
+    @property
+    def dram_ratio(self) -> float:
+        """DRAM bytes over compulsory bytes (1.0 is ideal)."""
+        if self.compulsory_bytes == 0:
+            return math.inf if self.dram_bytes else 1.0
+        return self.dram_bytes / self.compulsory_bytes
+
+    @property
     def traffic_ratio(self) -> float:
         """Global bytes over compulsory bytes (1.0 is ideal; inf if nothing is compulsory)."""
         if self.compulsory_bytes == 0:
@@ -161,6 +175,8 @@ class ModuleReport:
             "global_bytes": self.global_bytes,
             "compulsory_bytes": self.compulsory_bytes,
             "traffic_ratio": self.traffic_ratio,
+            "dram_bytes": self.dram_bytes,
+            "dram_ratio": self.dram_ratio,
             "roofline_us": self.roofline_us(),
             "per_kernel": [k.to_dict(buffers) for k in self.kernels],
         }

@@ -23,7 +23,11 @@ LayerNorm kernels have no guarded global access, so both counts agree.
 
 Counts are of accesses issued to the memory system (L1/L2), not DRAM transactions: a buffer
 re-read by many blocks (a LayerNorm's gamma) counts each time. ``BufferTraffic.size_bytes``
-gives the footprint so the re-read factor shows in the per-buffer breakdown.
+gives the footprint so the re-read factor shows in the per-buffer breakdown, and
+``dram_bytes`` tells a real re-read from an L2 hit: a buffer of at most
+``L2_RESIDENT_BYTES`` read more than once (a broadcast operand: gamma and beta, a bias, a
+mask row) reaches DRAM once and is then served by the L2 cache, so its re-reads count as
+``l2_bytes``; every other byte counts as DRAM traffic.
 
 Steps: a serial loop whose body synchronises threads (a barrier, or the warp shuffles of a
 cross-thread reduction) runs its iterations one after the other: a thread cannot issue the
@@ -58,6 +62,12 @@ class AnalysisError(RuntimeError):
     """A kernel or module whose traffic or launches this analysis cannot account for."""
 
 
+L2_RESIDENT_BYTES = 1 << 20
+"""A buffer this small that a kernel reads more than once stays in the L2 cache after its
+first read: every GPU of the roofline table has at least 6 MB of L2, and a kernel's large
+buffers stream through it once (a few concurrently resident blocks' rows at a time)."""
+
+
 @dataclass
 class BufferTraffic:
     """Bytes one kernel moves to and from one global buffer."""
@@ -66,6 +76,14 @@ class BufferTraffic:
     size_bytes: int
     read_bytes: int = 0
     write_bytes: int = 0
+
+    @property
+    def l2_bytes(self) -> int:
+        """Re-reads the L2 cache serves: all reads past the first of a buffer of at most
+        ``L2_RESIDENT_BYTES``."""
+        if 0 < self.size_bytes <= L2_RESIDENT_BYTES and self.read_bytes > self.size_bytes:
+            return self.read_bytes - self.size_bytes
+        return 0
 
 
 @dataclass
@@ -90,6 +108,16 @@ class KernelTraffic:
     def global_bytes(self) -> int:
         """Bytes read plus bytes written."""
         return self.read_bytes + self.write_bytes
+
+    @property
+    def l2_bytes(self) -> int:
+        """Re-reads of small buffers that the L2 cache serves (``BufferTraffic.l2_bytes``)."""
+        return sum(b.l2_bytes for b in self.buffers.values())
+
+    @property
+    def dram_bytes(self) -> int:
+        """Bytes that reach DRAM: every access but the L2 cache's re-reads."""
+        return self.global_bytes - self.l2_bytes
 
 
 def is_global(buffer: tvm.ir.Var) -> bool:

@@ -1,0 +1,37 @@
+"""Re-reads of small broadcast operands count as L2 hits, real re-reads as DRAM traffic: the
+counts tell one from the other at the sizes models have."""
+
+from __future__ import annotations
+
+import pytest
+
+from tvm_stitch import analysis, pipeline
+from tvm_stitch.analysis.traffic import L2_RESIDENT_BYTES
+from tvm_stitch.frontend.onnx import import_model
+from tvm_stitch.workloads import micro
+
+
+def _report(model, flow: str = "stitch"):
+    return analysis.analyze(pipeline.lower(import_model(model), "cuda:sm_90", flow))
+
+
+@pytest.mark.parametrize(("model", "width"), [(micro.layer_norm((8192, 768)), 768),
+                                             (micro.bias_gelu((8192, 3072)), 3072)])
+def test_broadcast_operands_reach_dram_once(model, width: int) -> None:
+    report = _report(model)
+    (kernel,) = report.kernels
+    small = [b for b in kernel.traffic.buffers.values() if b.size_bytes == width * 4]
+    assert small and all(b.read_bytes > b.size_bytes for b in small), "re-read per block"
+    assert all(b.l2_bytes == b.read_bytes - b.size_bytes for b in small)
+    assert report.traffic_ratio > 1.2
+    assert report.dram_ratio == pytest.approx(1.0, abs=1e-3)
+    assert report.to_dict()["dram_ratio"] == report.dram_ratio
+
+
+def test_a_large_buffer_read_in_three_passes_is_dram_traffic() -> None:
+    report = _report(micro.softmax((64, 30000)))
+    (kernel,) = report.kernels
+    x = kernel.traffic.buffers["x"]
+    assert x.size_bytes > L2_RESIDENT_BYTES and x.read_bytes == 3 * x.size_bytes  # 3 passes
+    assert x.l2_bytes == 0
+    assert report.dram_ratio > 1.99  # the split rows' small partial sums are L2 hits
