@@ -52,13 +52,15 @@ class KernelLaunch:
 
     ``launch`` pairs each thread tag (``blockIdx.x``, ``threadIdx.y``, ...) with its extent;
     ``dynamic_shared_bytes`` is the dynamic shared memory the host gives each block (TVM's
-    launch parameter ``tirx.use_dyn_shared_memory``), None for a kernel without any.
+    launch parameter ``tirx.use_dyn_shared_memory``), None for a kernel without any;
+    ``cooperative`` says the kernel is launched cooperatively (``COOPERATIVE_TAG``).
     """
 
     kernel: str
     args: tuple[BufferArg | WorkspaceArg | tvm.ir.PrimExpr, ...]
     launch: tuple[tuple[str, tvm.ir.PrimExpr], ...]
     dynamic_shared_bytes: tvm.ir.PrimExpr | None = None
+    cooperative: bool = False
 
     def geometry(self, ana: Analyzer) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
         """Blocks per grid and threads per block, (x, y, z) each, under ``ana``'s bindings."""
@@ -189,6 +191,11 @@ def lower(func: tirx.PrimFunc, name: str, target: Target, vectorize: bool = True
 
 _DYNAMIC_SHARED_TAG = "tirx.use_dyn_shared_memory"
 
+COOPERATIVE_TAG = "tirx.use_cooperative_launch"
+"""TVM's launch parameter of a kernel launched cooperatively (``cuLaunchCooperativeKernel``):
+the driver refuses a grid whose blocks cannot all be resident at once. A PrimFunc asks for it
+by listing it in its ``tirx.kernel_launch_params`` attribute."""
+
 
 def _read_host(host: tirx.PrimFunc, name: str, device: IRModule
                ) -> tuple[list[tuple[tvm.ir.Var, tvm.ir.PrimExpr]], list[KernelLaunch],
@@ -246,9 +253,11 @@ def _read_host(host: tirx.PrimFunc, name: str, device: IRModule
             if _DYNAMIC_SHARED_TAG in tags:
                 dynamic_shared = extents.pop(tags.index(_DYNAMIC_SHARED_TAG))
                 tags.remove(_DYNAMIC_SHARED_TAG)
+            cooperative = COOPERATIVE_TAG in tags  # a flag: no extent of its own
+            tags = [t for t in tags if t != COOPERATIVE_TAG]
             launches.append(KernelLaunch(kernel, tuple(argument(a) for a in args),
                                          tuple(zip(tags, extents, strict=True)),
-                                         dynamic_shared))
+                                         dynamic_shared, cooperative))
         else:
             raise LoweringError(
                 f"{name}: host code has a {type(stmt).__name__}, which the launcher cannot run"

@@ -30,6 +30,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 
+from ..lowering import COOPERATIVE_TAG
 from ..plan import (
     BufferRole,
     Group,
@@ -57,6 +58,7 @@ from .blocks import (
 from .grid_barrier import state_buffer
 from .layout import flatten_rows
 from .persistent import (
+    KERNEL_LAUNCH_PARAMS,
     blocks_in,
     lift_workspaces,
     persistent,
@@ -98,6 +100,9 @@ def kernel(func: tirx.PrimFunc, group: Group) -> Kernel:
         first_output = min(params.index(p) for p in written_params(out, sch))
         out = with_root(out, params=params[:first_output] + [state] + params[first_output:])
         out, lifted = lift_workspaces(persistent(out, launch.grid, state))
+        # launched cooperatively, a grid that cannot be resident at once (a GPU with fewer
+        # SMs than the target's) is refused by the driver instead of waiting at a barrier
+        out = out.with_attr(KERNEL_LAUNCH_PARAMS, [COOPERATIVE_TAG])
         workspaces = tuple(lifted)
     if group.launch is not None:
         out = with_launch_bounds(out, group.launch.blocks_per_sm)

@@ -22,6 +22,9 @@ from tvm import s_tir, tirx
 from .grid_barrier import grid_sync
 from .rows import Unstitchable
 
+KERNEL_LAUNCH_PARAMS = "tirx.kernel_launch_params"
+"""TVM's PrimFunc attribute listing launch flags its kernels ask for (a cooperative launch)."""
+
 LAUNCH_BOUNDS_ATTR = "tirx.launch_bounds_min_blocks_per_sm"
 """TVM's attribute for ``__launch_bounds__(threads, min blocks per SM)`` of a CUDA kernel."""
 
