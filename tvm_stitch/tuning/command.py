@@ -5,6 +5,11 @@ local|rpc|simt] [--rpc-tracker HOST:PORT --rpc-key KEY] [--model analytic|xgboos
 [--save-model DIR]`` prints a line per group (default and best time, the choices that won)
 and leaves every measurement in the database, which ``verify --db`` and
 ``tuning.use_database`` apply.
+
+For a GPU this machine cannot reach (``tuning.pack``): ``tvm-stitch tune MODEL.onnx
+--export PACK --db DIR [--runner local|simt]`` builds the candidates instead of measuring
+them; ``python PACK/pack_runner.py PACK RESULTS`` times them on the GPU's machine;
+``tvm-stitch tune --import RESULTS --db DIR`` records the times.
 """
 
 from __future__ import annotations
@@ -13,9 +18,11 @@ import argparse
 import json
 import sys
 
+from tvm.ir import IRModule
+
 from ..frontend.onnx import ModelError, import_model, load
 from ..target import DEFAULT_TARGET
-from .cost import load_model, model_of
+from .cost import CostModel, load_model, model_of
 from .database import Database, DatabaseError
 from .kinds import ModelKind, RunnerKind
 
@@ -29,7 +36,8 @@ def _tracker(text: str) -> tuple[str, int]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments of ``tvm-stitch tune``."""
-    parser.add_argument("model", help="path of an ONNX model")
+    parser.add_argument("model", nargs="?",
+                        help="path of an ONNX model (none with --import)")
     parser.add_argument("--target", default=DEFAULT_TARGET, help="e.g. cuda:sm_90")
     parser.add_argument("--trials", type=int, default=16,
                         help="candidates measured per group (default 16)")
@@ -47,14 +55,90 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--save-model", metavar="DIR", help="save the cost model there")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    offline = parser.add_mutually_exclusive_group()
+    offline.add_argument("--export", metavar="PACK",
+                         help="build the candidates into the directory PACK instead of "
+                              "measuring them: a CUDA pack (--runner local) for a GPU this "
+                              "machine cannot reach, or a SIMT pack (--runner simt); "
+                              "PACK/pack_runner.py times them")
+    offline.add_argument("--import", dest="import_results", metavar="RESULTS",
+                         help="record the times of a pack's runner (its RESULTS file) in "
+                              "--db; takes no MODEL")
+
+
+def _misuse(args: argparse.Namespace) -> str:
+    """Why the arguments do not go together, or ""."""
+    if args.import_results is not None:
+        if args.model is not None:
+            return "--import takes no MODEL: RESULTS names the candidates it timed"
+        if args.save_model:
+            return "--save-model needs a tuning that measures here, not --import"
+        return ""
+    if args.model is None:
+        return "give the MODEL to tune or to --export, or --import RESULTS"
+    if args.export is not None:
+        if args.runner is RunnerKind.RPC:
+            return ("--export builds a pack for --runner local (a CUDA GPU) or simt; rpc "
+                    "measures through its tracker, without a pack")
+        if args.save_model:
+            return "--save-model needs a tuning that measures here, not --export"
+        return ""
+    if args.runner is RunnerKind.RPC and (args.rpc_tracker is None or not args.rpc_key):
+        return "--runner rpc needs --rpc-tracker HOST:PORT and --rpc-key KEY"
+    return ""
+
+
+def _import(args: argparse.Namespace) -> int:
+    """``--import RESULTS``: record its times in ``--db``."""
+    from .pack import import_results  # imports measure: pyopencl, as runner_of below
+
+    try:
+        count = import_results(args.import_results, Database(args.db))
+    except DatabaseError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({"imported": count, "db": args.db}))
+    else:
+        print(f"imported {count} records from {args.import_results} into {args.db}")
+    return 0
+
+
+def _export(args: argparse.Namespace, mod: IRModule, model: CostModel) -> int:
+    """``--export PACK``: build the pack instead of measuring."""
+    from .pack import MANIFEST, export_pack
+
+    try:
+        pack = export_pack(mod, args.target, args.export, trials=args.trials, model=model,
+                           runner_kind=args.runner, seed=args.seed)
+    except (ValueError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    manifest = json.loads((pack / MANIFEST).read_text())
+    count, groups = len(manifest["candidates"]), len({c["workload"]
+                                                       for c in manifest["candidates"]})
+    failed = len(manifest["build_errors"])
+    if args.json:
+        print(json.dumps({"pack": str(pack), "runner": manifest["runner"],
+                          "candidates": count, "groups": groups, "build_errors": failed}))
+        return 0
+    kind = "a CUDA" if manifest["runner"] == RunnerKind.LOCAL else "a SIMT"
+    print(f"{kind} pack in {pack}: {count} candidates of {groups} "
+          f"group{'' if groups == 1 else 's'}"
+          + (f", {failed} that did not build (see its manifest)" if failed else ""))
+    print(f"next: python {pack}/pack_runner.py {pack} RESULTS (where the GPU is), then "
+          f"tvm-stitch tune --import RESULTS --db {args.db}")
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
     """Execute ``tvm-stitch tune``; returns the exit code (2 for bad input)."""
-    if args.runner is RunnerKind.RPC and (args.rpc_tracker is None or not args.rpc_key):
-        print("error: --runner rpc needs --rpc-tracker HOST:PORT and --rpc-key KEY",
-              file=sys.stderr)
+    problem = _misuse(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
+    if args.import_results is not None:
+        return _import(args)
     try:
         mod = import_model(load(args.model))
         database = Database(args.db)
@@ -63,6 +147,8 @@ def run(args: argparse.Namespace) -> int:
     except (ModelError, DatabaseError, ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    if args.export is not None:
+        return _export(args, mod, model)
     from .measure import runner_of  # the SIMT runner needs pyopencl, a test extra
     from .tuner import tune
 

@@ -120,7 +120,8 @@ def zeroed_params(func: tirx.PrimFunc) -> tuple[str, ...]:
     return tuple(p.name for p in func.params if any(p.same_as(v) for v in synced))
 
 
-def _zeroed_indices(func: tirx.PrimFunc) -> tuple[int, ...]:
+def zeroed_indices(func: tirx.PrimFunc) -> tuple[int, ...]:
+    """Positions of the ``zeroed_params`` among the parameters of ``func``."""
     zeroed = set(zeroed_params(func))
     return tuple(i for i, p in enumerate(func.params) if p.name in zeroed)
 
@@ -140,7 +141,7 @@ def arguments(func: tirx.PrimFunc, seed: int = SEED) -> list[np.ndarray]:
     """One array per buffer parameter of ``func``: random (``random_array``), zeros for the
     ``zeroed_params``."""
     return _arrays([(str(p.dtype), [int(d) for d in p.shape]) for p in func.params],
-                   _zeroed_indices(func), np.random.default_rng(seed))
+                   zeroed_indices(func), np.random.default_rng(seed))
 
 
 def _arrays(specs: Sequence[tuple[str, Sequence[int]]], zeroed: Sequence[int],
@@ -235,8 +236,9 @@ class SimtRunner(Runner):
         self._pool.shutdown()
 
 
-def _module(func: tirx.PrimFunc) -> IRModule:
-    """The module MetaSchedule builds: ``func`` as its public ``main``."""
+def kernel_module(func: tirx.PrimFunc) -> IRModule:
+    """The module MetaSchedule builds (and ``build_cuda`` takes): ``func`` as its public
+    ``main``."""
     return IRModule({"main": func.with_attr("global_symbol", "main")})
 
 
@@ -255,11 +257,14 @@ def _check_scheduled(mod: IRModule, target: Target) -> None:
         raise ValueError(f"not a GPU-scheduled kernel: {err}") from err
 
 
-def _build_cuda(mod: IRModule, target: Target, _params: dict[str, Any] | None
-                ) -> tvm.runtime.Module:
-    """LocalBuilder's f_build: TVM's build of the scheduled kernel. MetaSchedule's default
-    build first imports ``tvm.s_tir.tensor_intrin``, which takes most of a minute, for tensor
-    intrinsics that our kernels never use."""
+def build_cuda(mod: IRModule, target: Target, _params: dict[str, Any] | None = None
+               ) -> tvm.runtime.Module:
+    """TVM's build of the scheduled kernel ``mod`` (``kernel_module``) for ``target``; a
+    ValueError unless it is GPU-scheduled. LocalBuilder's f_build, also what a tuning pack
+    exports (``pack``): MetaSchedule's default build first imports
+    ``tvm.s_tir.tensor_intrin``, which takes most of a minute, for tensor intrinsics that our
+    kernels never use. Without TVM's CUDA runtime library loaded, the CUDA module keeps the
+    source, which the CUDA runtime compiles when the module is loaded on a GPU."""
     _check_scheduled(mod, target)
     return tvm.tirx.build(mod, target=target)
 
@@ -340,8 +345,8 @@ class _MetaScheduleRunner(Runner):
     def build(self, inputs: Sequence[MeasureInput]) -> list[BuildResult]:
         """Build every input with the LocalBuilder (in parallel worker processes). Each
         artifact is a file in a directory of its own, which the caller removes."""
-        built = self._builder.build([ms.builder.BuilderInput(_module(i.func), i.target)
-                                     for i in inputs])
+        built = self._builder.build([ms.builder.BuilderInput(kernel_module(i.func),
+                                                             i.target) for i in inputs])
         return [BuildResult(i.key, None if b.error_msg else str(b.artifact_path),
                             str(b.error_msg or "")) for i, b in zip(inputs, built, strict=True)]
 
@@ -363,7 +368,7 @@ class _MetaScheduleRunner(Runner):
         # which is a barrier state; its runners read the hook when an input is submitted,
         # so each input is submitted alone, with a hook that knows its zeroed parameters.
         self._runner.f_alloc_argument = self._alloc_hook(
-            _Arguments(_zeroed_indices(inp.func), self.seed))
+            _Arguments(zeroed_indices(inp.func), self.seed))
         args_info = ms.arg_info.ArgInfo.from_prim_func(inp.func)
         (future,) = self._runner.run([ms.runner.RunnerInput(artifact, self.device_type,
                                                             args_info)])
@@ -402,7 +407,7 @@ class LocalRunner(_MetaScheduleRunner):
                  build_timeout_sec: float = 120.0, run_timeout_sec: float = 30.0,
                  max_workers: int | None = None, seed: int = SEED) -> None:
         builder = ms.builder.LocalBuilder(max_workers=max_workers, timeout_sec=build_timeout_sec,
-                                          f_build=_build_cuda)
+                                          f_build=build_cuda)
         runner = ms.runner.LocalRunner(timeout_sec=run_timeout_sec,
                                        evaluator_config=_evaluator(number, repeat,
                                                                    min_repeat_ms))
@@ -437,7 +442,7 @@ class RPCRunner(_MetaScheduleRunner):
                                            session_timeout_sec=session_timeout_sec)
         builder = ms.builder.LocalBuilder(
             max_workers=max_workers, timeout_sec=build_timeout_sec,
-            f_build=_build_text if simt else _build_cuda,
+            f_build=_build_text if simt else build_cuda,
             f_export=_export_text if simt else None)
         runner = ms.runner.RPCRunner(rpc_config=self._config,
                                      evaluator_config=_evaluator(number, repeat, min_repeat_ms),
@@ -468,4 +473,5 @@ def runner_of(kind: RunnerKind, **options: Any) -> Runner:
 
 __all__ = ["SIMT_FUNCTION", "RunnerKind", "MeasureInput", "MeasureResult", "BuildResult",
            "Runner", "SimtRunner", "LocalRunner", "RPCRunner", "runner_of", "zeroed_params",
-           "arguments", "random_array", "serialize", "deserialize", "simt_seconds"]
+           "zeroed_indices", "arguments", "random_array", "serialize", "deserialize",
+           "simt_seconds", "kernel_module", "build_cuda"]
