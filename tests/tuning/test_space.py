@@ -67,6 +67,7 @@ def test_staging_choices() -> None:
     ("rows", Choices(threads_per_row=2048), "not a power of two up to 1024"),
     ("rows", Choices(threads_per_row=128, rows_per_block=2), "a block per row"),
     ("rows", Choices(threads_per_row=16, rows_per_block=128), "more than 1024 threads"),
+    ("rows", Choices(threads_per_row=8, rows_per_block=24, row_steps=2), "do not divide"),
     ("rows", Choices(vector=8), "at most 4"),
     ("rows", Choices(row_steps=3), "do not divide"),
     ("rows", Choices(reread=("nothing",)), "not staged"),

@@ -67,6 +67,7 @@ from .persistent import (
     with_root,
 )
 from .phases import copy_across_barrier, normalise_column, register_sum
+from .reduction_guards import keep_write_back_guards
 from .registers import hold_inputs
 from .row_permutation import RowPermutation, permute_rows
 from .rows import Unstitchable, iters_of, row_element_map
@@ -106,7 +107,7 @@ def kernel(func: tirx.PrimFunc, group: Group) -> Kernel:
         workspaces = tuple(lifted)
     if group.launch is not None:
         out = with_launch_bounds(out, group.launch.blocks_per_sm)
-    return Kernel(out, state, workspaces)
+    return Kernel(keep_write_back_guards(out), state, workspaces)
 
 
 def emit(func: tirx.PrimFunc, group: Group) -> s_tir.Schedule:
@@ -119,9 +120,11 @@ def emit(func: tirx.PrimFunc, group: Group) -> s_tir.Schedule:
     if group.mapping.kind is MappingKind.FLAT:
         _map_flat(sch, group.mapping, group.scalar_blocks)
         return sch
-    _map_rows(sch, group.mapping, done.block_caches, group.scalar_blocks)
-    if group.mapping.rows_expr and group.mapping.rows_per_block > 1:
-        _index_rows_in_block(sch, group.mapping.rows_per_block)
+    mapping = group.mapping
+    _map_rows(sch, mapping, done.block_caches, group.scalar_blocks)
+    if mapping.rows_per_block > 1 and (
+            mapping.rows_expr or mapping.rows % mapping.rows_per_block):  # a guarded last block
+        _index_rows_in_block(sch, mapping.rows_per_block, rows=mapping.rows)
     return hold_inputs(sch, group)
 
 
@@ -329,10 +332,12 @@ def _map_rows(sch: s_tir.Schedule, mapping: ThreadMapping, block_caches: list[st
 
 
 def _index_rows_in_block(sch: s_tir.Schedule, rows_per_block: int,
-                         per_row: frozenset[str] | None = None) -> None:
-    """Index every on-chip buffer over a symbolic row count (or, given ``per_row``, those
-    buffers: the ones a Global group's plan keeps one row of while its blocks walk several
-    rows in sequence) by the row's place in its thread block (``row % rows_per_block``; a
+                         per_row: frozenset[str] | None = None, rows: int | None = None
+                         ) -> None:
+    """Index every on-chip buffer over a symbolic row count or the ``rows`` rows (or, given
+    ``per_row``, those buffers: the ones a Global group's plan keeps one row of while its
+    blocks walk several rows in sequence) by the row's place in its thread block
+    (``row % rows_per_block``; a
     block holds consecutive rows, one group at a time). TVM sizes such a buffer from the
     region a thread block touches: all its rows in sequence (fuzz graph 4242:228: three rows
     of a tile in 90 KB where the plan has one in 33 KB), and the guard of a partial last
@@ -343,7 +348,8 @@ def _index_rows_in_block(sch: s_tir.Schedule, rows_per_block: int,
             if buffer.scope() == "global" or not buffer.shape:
                 continue
             if per_row is None:
-                if not is_symbolic(dim_value(buffer.shape[0]) or 0):
+                first = dim_value(buffer.shape[0]) or 0
+                if not is_symbolic(first) and first != rows:
                     continue
             elif buffer.name not in per_row:
                 continue

@@ -30,8 +30,10 @@ SPREAD = 4
 FLAT_THREADS = (64, 128, 256, 512, 1024)
 """Threads per block an element-wise kernel may take."""
 
-PACKED_ROWS = (1, 2, 4, 8, 16, 32)
-"""Rows per block a warp-per-row kernel may pack."""
+PACKED_ROWS = (1, 2, 4, 8, 16, 32, 6, 12, 24, 30)
+"""Rows per block a warp-per-row kernel may pack: powers of two, and counts that need not
+divide the rows (the last block is guarded) so that a block's threads may follow occupancy
+(30 rows of 8 threads: 240)."""
 
 ROW_STEPS = (1, 2, 4, 8, 16, 32)
 """Groups of rows a block may walk in sequence (besides the rules' own)."""

@@ -238,6 +238,16 @@ def _single_value(buffer: tirx.Buffer) -> bool:
     return all(isinstance(d, tirx.IntImm) and int(d) == 1 for d in buffer.shape)
 
 
+def _reread_block_inputs(dec: Decisions, why: str) -> None:
+    """Re-read every input staged per block: ``why`` there is no vertical packing."""
+    for b in dec.block_shared:
+        runs = "every row" if is_symbolic(b.span) else f"runs of {b.span} rows"
+        dec.global_reads.append(Buffer(b.name, BufferRole.INPUT, StorageLevel.GLOBAL, 0,
+                                       f"read alike by {runs}; {why}, no vertical packing: "
+                                       "re-read (served by the L2 cache)"))
+    dec.block_shared.clear()
+
+
 def _pack_vertically(dec: Decisions, mapping: ThreadMapping, gpu: GPU,
                      chosen: int | None = None) -> ThreadMapping:
     """Walk several groups of rows per block in sequence (vertical packing): as few as keep
@@ -245,19 +255,17 @@ def _pack_vertically(dec: Decisions, mapping: ThreadMapping, gpu: GPU,
     leave half a wave of blocks, so that those are staged once per block; inputs that no
     block then shares are left in global memory. ``chosen`` fixes the steps (a divisor of
     the block's row groups)."""
+    partial = is_symbolic(mapping.rows) or mapping.rows % mapping.rows_per_block != 0
     if chosen is not None and chosen != 1 and (
-            is_symbolic(mapping.rows) or chosen > MAX_ROW_STEPS
+            partial or chosen > MAX_ROW_STEPS
             or (mapping.rows // mapping.rows_per_block) % chosen):
         raise Unstitchable(f"{chosen} row steps do not divide the row groups of "
                            f"{mapping.rows} rows, {mapping.rows_per_block} per block")
+    if partial and not is_symbolic(mapping.rows):  # a guarded last block: one step each
+        _reread_block_inputs(dec, "the last block is partial")
+        return replace(mapping, row_steps=1)
     if is_symbolic(mapping.rows):
-        for b in dec.block_shared:
-            runs = "every row" if is_symbolic(b.span) else f"runs of {b.span} rows"
-            dec.global_reads.append(Buffer(b.name, BufferRole.INPUT, StorageLevel.GLOBAL, 0,
-                                           f"read alike by {runs}; symbolic row count, no "
-                                           "vertical packing: re-read (served by the L2 "
-                                           "cache)"))
-        dec.block_shared.clear()
+        _reread_block_inputs(dec, "symbolic row count")
         return mapping
     wave = launch_of(gpu, mapping.threads_per_block, shared_bytes_of(dec, mapping)).wave
     if chosen is not None:
