@@ -5,6 +5,8 @@
 ``tvm_stitch.pipeline.build`` turns into an executable and ``tvm_stitch.simt`` runs on the CPU.
 It also registers the Relax pipeline ``"stitch"``, so that
 ``tvm.compile(mod, target, relax_pipeline="stitch")`` compiles with stitching.
+``tvm_stitch.compile_onnx(path, target)`` (``tvm_stitch.deploy``, imported on first use)
+compiles an ONNX model into a library to deploy and its sidecar.
 """
 
 import tvm
@@ -14,7 +16,17 @@ from tvm.target import Target
 from .pipeline import available_flows, build, finish_passes, lower, schedule_passes
 
 __version__ = "0.1.0"
-__all__ = ["available_flows", "build", "lower", "__version__"]
+__all__ = ["available_flows", "build", "compile_onnx", "lower", "__version__"]
+
+
+def __getattr__(name: str) -> object:
+    """``compile_onnx`` from ``tvm_stitch.deploy``, imported when first asked for so that
+    ``import tvm_stitch`` does not load the ONNX front end and the tuning database."""
+    if name == "compile_onnx":
+        from .deploy import compile_onnx
+
+        return compile_onnx
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _stitch_pipeline() -> tvm.transform.Pass:

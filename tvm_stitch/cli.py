@@ -1,20 +1,23 @@
-"""The ``tvm-stitch`` command line: ``demo``, ``verify``, ``tune`` and ``workloads``."""
+"""The ``tvm-stitch`` command line: ``demo``, ``verify``, ``tune``, ``compile``, ``run``,
+``inspect`` and ``workloads``."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from . import analysis, pipeline, verify, workloads
+from tvm.target import Target
+
+from . import analysis, deploy, inspect_model, pipeline, verify, workloads
 from .plan import StitchPlan
-from .target import DEFAULT_TARGET
+from .target import DEFAULT_TARGET, target_argument
 from .tuning import command as tune_command
 from .workloads.__main__ import format_table
 
 DEMO_WORKLOAD = "bert_layer"
 
 
-def demo(workload: str, size: str, target: str, seed: int) -> int:
+def demo(workload: str, size: str, target: str | Target, seed: int) -> int:
     """Compile a bundled workload with every available flow, run each on the SIMT runner,
     check it against onnxruntime and print the side-by-side report. Returns the exit code."""
     model = workloads.get(workload).model(size)
@@ -43,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     p_demo = sub.add_parser("demo", help="compile a bundled model with each flow and report")
     p_demo.add_argument("--workload", default=DEMO_WORKLOAD, choices=workloads.names())
     p_demo.add_argument("--size", default="ci", choices=["ci", "real"])
-    p_demo.add_argument("--target", default=DEFAULT_TARGET)
+    p_demo.add_argument("--target", type=target_argument, default=DEFAULT_TARGET)
     p_demo.add_argument("--seed", type=int, default=0)
 
     p_verify = sub.add_parser("verify", help="check a model against onnxruntime, print JSON")
@@ -51,6 +54,15 @@ def main(argv: list[str] | None = None) -> int:
 
     p_tune = sub.add_parser("tune", help="tune a model's stitched groups into a database")
     tune_command.add_arguments(p_tune)
+
+    p_compile = sub.add_parser("compile", help="compile a model into a library and sidecar")
+    deploy.add_compile_arguments(p_compile)
+
+    p_run = sub.add_parser("run", help="run a compiled library on the GPU")
+    deploy.add_run_arguments(p_run)
+
+    p_inspect = sub.add_parser("inspect", help="plan, kernels and totals of each flow")
+    inspect_model.add_arguments(p_inspect)
 
     sub.add_parser("workloads", help="list the workload zoo")
 
@@ -63,6 +75,12 @@ def main(argv: list[str] | None = None) -> int:
         return verify.run(args)
     if args.command == "tune":
         return tune_command.run(args)
+    if args.command == "compile":
+        return deploy.compile_command(args)
+    if args.command == "run":
+        return deploy.run_command(args)
+    if args.command == "inspect":
+        return inspect_model.run(args)
     print(format_table())
     return 0
 

@@ -22,7 +22,7 @@ from tvm.ir import IRModule
 from . import analysis, pipeline
 from .frontend.onnx import ModelError, graph_inputs, import_model, load
 from .plan import ChoiceSource, StitchPlan
-from .target import DEFAULT_TARGET
+from .target import DEFAULT_TARGET, TargetSpec, target_argument
 from .tuning.database import DatabaseError, use_database
 from .workloads import inputs as make_inputs
 from .workloads.inputs import input_signature
@@ -39,7 +39,8 @@ class Check:
     ok: bool
 
 
-def compile_model(model: onnx.ModelProto, flow: str, target: str = DEFAULT_TARGET) -> IRModule:
+def compile_model(model: onnx.ModelProto, flow: str, target: TargetSpec = DEFAULT_TARGET
+                  ) -> IRModule:
     """Import ``model`` and fuse and schedule it with ``flow``: the scheduled module."""
     return pipeline.lower(import_model(model), target, flow)
 
@@ -88,7 +89,7 @@ def run_simt(scheduled: IRModule, model: onnx.ModelProto, seed: int = 0,
     return compare(outputs, reference_outputs(model, feeds))
 
 
-def verify(model: onnx.ModelProto, flow: str = "baseline", target: str = DEFAULT_TARGET,
+def verify(model: onnx.ModelProto, flow: str = "baseline", target: TargetSpec = DEFAULT_TARGET,
            seed: int = 0, dims: dict[str, int] | None = None) -> dict:
     """Compile, run on the SIMT runner and measure: the JSON-ready summary ``verify`` prints."""
     return summarize(compile_model(model, flow, target), model, seed, dims)
@@ -136,7 +137,8 @@ def _require_sized_inputs(model: onnx.ModelProto, dims: dict[str, int]) -> None:
                              "symbolic dimension a size with --dim NAME=SIZE")
 
 
-def _dim(text: str) -> tuple[str, int]:
+def dim_argument(text: str) -> tuple[str, int]:
+    """``NAME=SIZE`` (a symbolic dimension and its size, SIZE >= 1) for argparse's ``type=``."""
     name, sep, size = text.partition("=")
     if not sep or not name or not size.isdigit() or int(size) < 1:
         raise argparse.ArgumentTypeError(f"expected NAME=SIZE with SIZE >= 1, got {text!r}")
@@ -148,11 +150,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="path of an ONNX model")
     parser.add_argument("--pipeline", default="baseline",
                         help="compile flow: baseline (TVM's default fusion) or stitch")
-    parser.add_argument("--target", default=DEFAULT_TARGET, help="e.g. cuda:sm_90, cuda:sm_80")
+    parser.add_argument("--target", type=target_argument, default=DEFAULT_TARGET,
+                        help="e.g. cuda:sm_90, cuda:sm_80")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     parser.add_argument("--plan", action="store_true",
                         help="also print the stitch plan (groups, schemes, fallbacks) to stderr")
-    parser.add_argument("--dim", type=_dim, action="append", default=[], metavar="NAME=SIZE",
+    parser.add_argument("--dim", type=dim_argument, action="append", default=[],
+                        metavar="NAME=SIZE",
                         help="size of a symbolic input dimension (an ONNX dim_param) to run "
                              "and measure the model at; the model is compiled symbolic")
     parser.add_argument("--db", metavar="DIR",

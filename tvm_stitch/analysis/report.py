@@ -214,7 +214,7 @@ def render(report: ModuleReport) -> str:
     for i, k in enumerate(report.kernels):
         row = [str(i), k.name + ("" if k.traffic.exact else " *"),
                "mem" if k.memory_intensive else "compute",
-               "x".join(map(str, _trim(k.grid))), "x".join(map(str, _trim(k.block))),
+               "x".join(map(str, trim_dims(k.grid))), "x".join(map(str, trim_dims(k.block))),
                f"{k.waves()['H200']:.2f}", format_bytes(k.traffic.read_bytes),
                format_bytes(k.traffic.write_bytes),
                f"{k.roofline_us()['H200']:.1f}"]
@@ -232,7 +232,7 @@ def render(report: ModuleReport) -> str:
     return "\n".join(lines)
 
 
-def _trim(dims: tuple[int, int, int]) -> tuple[int, ...]:
+def trim_dims(dims: tuple[int, int, int]) -> tuple[int, ...]:
     """(128, 1, 1) -> (128,): the dimensions up to the last one above 1."""
     last = max((i for i, d in enumerate(dims) if d != 1), default=0)
     return dims[: last + 1]

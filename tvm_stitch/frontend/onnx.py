@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 import onnx
 from onnx import numpy_helper
@@ -149,3 +150,30 @@ def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     """The graph inputs that are fed at run time (initializers excluded), in order."""
     initializers = {t.name for t in model.graph.initializer}
     return [v for v in model.graph.input if v.name not in initializers]
+
+
+def dim_params(model: onnx.ModelProto) -> list[str]:
+    """Names of the symbolic dimensions (ONNX dim_params) of the run-time inputs, in order of
+    first use."""
+    names: dict[str, None] = {}
+    for value in graph_inputs(model):
+        for d in value.type.tensor_type.shape.dim:
+            if d.dim_param:
+                names.setdefault(d.dim_param)
+    return list(names)
+
+
+def check_dims(model: onnx.ModelProto, dims: Mapping[str, int], *, complete: bool = False
+               ) -> None:
+    """Raise ModelError if ``dims`` names a dimension that is no dim_param of the model's
+    inputs, or, when ``complete``, if it leaves one unsized."""
+    symbolic = dim_params(model)
+    unknown = [name for name in dims if name not in symbolic]
+    if unknown:
+        have = ", ".join(symbolic) if symbolic else "none: every input shape is static"
+        raise ModelError(f"no input has a symbolic dimension named "
+                         f"{', '.join(map(repr, unknown))} (the model's: {have})")
+    missing = [name for name in symbolic if name not in dims]
+    if complete and missing:
+        raise ModelError(f"symbolic dimension(s) {', '.join(missing)} need a size: give each "
+                         "one (--dim NAME=SIZE)")

@@ -21,7 +21,7 @@ import sys
 from tvm.ir import IRModule
 
 from ..frontend.onnx import ModelError, import_model, load
-from ..target import DEFAULT_TARGET
+from ..target import DEFAULT_TARGET, target_argument
 from .cost import CostModel, load_model, model_of
 from .database import Database, DatabaseError
 from .kinds import ModelKind, RunnerKind
@@ -38,7 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments of ``tvm-stitch tune``."""
     parser.add_argument("model", nargs="?",
                         help="path of an ONNX model (none with --import)")
-    parser.add_argument("--target", default=DEFAULT_TARGET, help="e.g. cuda:sm_90")
+    parser.add_argument("--target", type=target_argument, default=DEFAULT_TARGET,
+                        help="e.g. cuda:sm_90")
     parser.add_argument("--trials", type=int, default=16,
                         help="candidates measured per group (default 16)")
     parser.add_argument("--db", required=True, metavar="DIR", help="the tuning database")
