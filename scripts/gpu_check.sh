@@ -72,5 +72,21 @@ if ((rc == 124 || rc == 137)) && [[ -f $out/results.json ]]; then
     "$python" "$pack/gpu_check.py" --finalize "$out/results.json" \
         --reason "killed at the global time limit of ${budget} s"
 fi
+# Tuning candidates (gpu_pack.py --tune-trials), in what is left of the budget; their results
+# are recorded with `tvm-stitch tune --import OUTDIR/tuning/WORKLOAD.json --db DIR`.
+if [[ -d $pack/tuning ]]; then
+    mkdir -p "$out/tuning"
+    for dir in "$pack"/tuning/*/; do
+        name=$(basename "$dir")
+        left=$((budget - (SECONDS - start)))
+        if ((left < 20)); then
+            echo "gpu_check: no time left to tune ${name} and the rest" >&2
+            break
+        fi
+        timeout --kill-after=5 "$((left - 10))" \
+            "$python" "$dir/pack_runner.py" "$dir" "$out/tuning/${name}.json" ||
+            echo "gpu_check: tuning ${name} exited $?" >&2
+    done
+fi
 echo "gpu_check: ${out}/results.json after $((SECONDS - start)) s (exit ${rc})"
 exit "$rc"

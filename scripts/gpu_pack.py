@@ -19,6 +19,7 @@ Layout of a pack::
     runtime/tvm/                the tvm package without libtvm_compiler.so (TVM_USE_RUNTIME_LIB=1)
     runtime/wheels/             apache-tvm-ffi for CPython 3.12, typing_extensions
     gpu_check.sh, gpu_check.py, gpu_torch_refs.py
+    tuning/<workload>/          with --tune-trials N: tuning candidates (tvm_stitch.tuning.pack)
 
 How the cubin gets in: TVM 0.27's CUDA codegen hands its source to ``ffi.Module.create.cuda``
 when the CUDA runtime library is loaded, which compiles it through the
@@ -497,6 +498,25 @@ def pack_item(
     return entry, program
 
 
+def pack_tuning(item: Item, target: Target, pack: Path, trials: int) -> dict[str, Any]:
+    """The tuning pack of one workload under ``pack/tuning`` (built while ``nvcc_cubin`` is
+    active, so its libraries hold cubins too): ``trials`` candidates per stitched group, the
+    rules' kernel first, then the analytic model's best; its entry in the manifest."""
+    from tvm_stitch.frontend.onnx import import_model
+    from tvm_stitch.tuning.cost import AnalyticModel
+    from tvm_stitch.tuning.kinds import RunnerKind
+    from tvm_stitch.tuning.pack import export_pack
+
+    where = f"tuning/{safe_name(item.name)}"
+    try:
+        export_pack(import_model(item.model), target, pack / where, trials=trials,
+                    model=AnalyticModel(), runner_kind=RunnerKind.LOCAL)
+    except Exception as exc:  # noqa: BLE001 (recorded; the workload's own libraries stand)
+        print(f"  {item.name}: no tuning pack: {_error(exc)[:300]}")
+        return {"error": _error(exc)}
+    return {"pack": where}
+
+
 def failed_entry(item: Item, flows: Sequence[str], exc: BaseException) -> dict[str, Any]:
     """The manifest entry of a workload that could not be packed at all (import, reference)."""
     reason = f"not packed: {_error(exc)}"
@@ -636,6 +656,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=8.0,
         help="weights larger than this become VM inputs instead of library constants",
     )
+    parser.add_argument(
+        "--tune-trials",
+        type=int,
+        default=0,
+        help="also pack this many tuning candidates per stitched group of each workload "
+        "(tuning/WORKLOAD, tvm_stitch.tuning.pack; cuda only): gpu_check.sh times them after "
+        "its checks, and `tvm-stitch tune --import` records the results",
+    )
     parser.add_argument("--force", action="store_true", help="replace an existing OUT")
     return parser.parse_args(argv)
 
@@ -669,6 +697,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 except Exception as exc:  # noqa: BLE001 (import or reference failed: recorded)
                     entry, program = failed_entry(item, flows, exc), None
                     print(f"  {item.name}: not packed: {entry['torch']['reason'][:300]}")
+                if args.tune_trials and args.device == "cuda":
+                    entry["tuning"] = pack_tuning(item, target, pack, args.tune_trials)
                 entries.append(entry)
                 if program is not None:
                     programs.append(program)

@@ -146,7 +146,7 @@ def wheels() -> None:
 def cuda_pack(tmp_path_factory: pytest.TempPathFactory, tiny_onnx: Path, wheels: None) -> Path:
     """The CUDA pack of the tiny model, every flow built (only for tests marked nvcc)."""
     path = tmp_path_factory.mktemp("cuda") / "pack"
-    run_pack(path, "--onnx", str(tiny_onnx), "--archive")
+    run_pack(path, "--onnx", str(tiny_onnx), "--archive", "--tune-trials", "2")
     return path
 
 
@@ -248,6 +248,24 @@ def test_libraries_hold_sm90_cubins(cuda_pack: Path) -> None:
     assert sorted(workload["libs"]) == sorted(manifest["flows"])
     for lib in workload["libs"].values():
         assert gpu_pack.cubin_archs(cuda_pack / lib) == ["sm_90"]
+
+
+@pytest.mark.nvcc
+def test_tuning_candidates_are_packed_as_cubins(cuda_pack: Path) -> None:
+    """``--tune-trials 2``: the workload's tuning pack (tuning/WORKLOAD) lists two
+    candidates per stitched group, each a library holding an sm_90 cubin, and its runner."""
+    gpu_pack = importlib.import_module("gpu_pack")
+    (workload,) = json.loads((cuda_pack / "manifest.json").read_text())["workloads"]
+    tuning = cuda_pack / workload["tuning"]["pack"]
+    manifest = json.loads((tuning / "manifest.json").read_text())
+    assert manifest["runner"] == "local" and manifest["arch"] == "sm_90"
+    assert manifest["candidates"] and not manifest["build_errors"]
+    per_workload: dict[str, int] = {}
+    for candidate in manifest["candidates"]:
+        per_workload[candidate["workload"]] = per_workload.get(candidate["workload"], 0) + 1
+        assert gpu_pack.cubin_archs(tuning / candidate["artifact"]) == ["sm_90"]
+    assert set(per_workload.values()) == {2}
+    assert (tuning / "pack_runner.py").is_file()
 
 
 @pytest.mark.nvcc
