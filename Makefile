@@ -21,7 +21,7 @@ $(STAMP): setup.cfg pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/tvm-stitch demo
+	$(BIN)/tvm-stitch demo --report $(CURDIR)/report.html
 
 test: $(STAMP)
 	$(BIN)/ruff check .

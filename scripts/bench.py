@@ -17,6 +17,7 @@ import time
 import traceback
 from pathlib import Path
 
+from tqdm import tqdm
 from tvm import tirx
 
 from tvm_stitch import analysis, pipeline, verify, workloads
@@ -51,6 +52,7 @@ def bench(names: list[str], flows: list[str], size: str, target: str,
     """Run the benchmark (model workloads ``layers`` deep, default their size's depth);
     failures are recorded per workload and flow, never hidden."""
     rows = []
+    bar = tqdm(total=len(names) * len(flows), unit="compile", desc="bench", disable=None)
     for name in names:
         workload = workloads.get(name)
         deep = layers is not None and workload.kind == "model"
@@ -67,8 +69,10 @@ def bench(names: list[str], flows: list[str], size: str, target: str,
                 traceback.print_exc(file=sys.stderr)
             result["compile_s"] = round(time.perf_counter() - start, 2)
             entry["pipelines"][flow] = result
-            print(f"{name:24s} {flow:9s} {_summary(result)}", file=sys.stderr)
+            bar.write(f"{name:24s} {flow:9s} {_summary(result)}", file=sys.stderr)
+            bar.update()
         rows.append(entry)
+    bar.close()
     return {"target": target, "size": size, "workloads": rows}
 
 

@@ -26,10 +26,12 @@ import signal
 import sys
 from pathlib import Path
 
+from tqdm import tqdm
+
 from tvm_stitch.pipeline import available_flows
 from tvm_stitch.target import DEFAULT_TARGET
 from tvm_stitch.testing.differential import default_flow
-from tvm_stitch.testing.fuzz import Options, run
+from tvm_stitch.testing.fuzz import Options, Summary, run
 from tvm_stitch.testing.graphs import GraphConfig
 
 
@@ -80,7 +82,19 @@ def main(argv: list[str] | None = None) -> int:
     options = parse_args(argv)
     print(f"fuzzing flow {options.flow} on {options.target}: {options.graphs} graphs, "
           f"seed {options.seed}", flush=True)
-    summary = run(options, log=lambda line: print(line, flush=True))
+    # A bar per graph on a terminal (stderr); elsewhere the plain lines alone, as before.
+    with tqdm(total=options.graphs, unit="graph", desc="fuzz", disable=None) as bar:
+        def say(line: str) -> None:
+            if bar.disable:
+                print(line, flush=True)
+            else:
+                bar.write(line, file=sys.stdout)
+
+        def done(so_far: Summary) -> None:
+            bar.update()
+            bar.set_postfix_str(so_far.line(), refresh=False)
+
+        summary = run(options, log=say, done=done)
     for reason, graphs in summary.fallback_reasons.most_common():
         print(f"fallback in {graphs} graph(s): {reason}")
     for error, graphs in summary.tvm_errors.most_common():

@@ -11,6 +11,8 @@ import argparse
 import sys
 import time
 
+from tqdm import tqdm
+
 from tvm_stitch import verify
 from tvm_stitch.workloads import models
 
@@ -25,13 +27,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", default="real", choices=["ci", "real"])
     args = parser.parse_args(argv)
     failed = False
-    for name in args.models:
+    bar = tqdm(args.models, unit="model", desc="SIMT", disable=None)  # on a terminal only
+    for name in bar:
+        bar.set_postfix_str(name)
         start = time.perf_counter()
         model = models.load_model(name, args.size, layers=args.layers)
         check = verify.run_simt(verify.compile_model(model, args.flow, args.target), model)
         failed |= not check.ok
-        print(f"{name:20s} {'ok' if check.ok else 'MISMATCH'} max_abs_err={check.max_abs_err:.2e} "
-              f"({time.perf_counter() - start:.0f} s)", flush=True)
+        line = (f"{name:20s} {'ok' if check.ok else 'MISMATCH'} "
+                f"max_abs_err={check.max_abs_err:.2e} ({time.perf_counter() - start:.0f} s)")
+        if bar.disable:
+            print(line, flush=True)
+        else:
+            bar.write(line, file=sys.stdout)
     return 1 if failed else 0
 
 

@@ -255,9 +255,11 @@ def regression_case(directory: Path, name: str, model: onnx.ModelProto, outcome:
     return directory / f"{name}.json"
 
 
-def run(options: Options, log: Callable[[str], None] = print) -> Summary:
+def run(options: Options, log: Callable[[str], None] = print,
+        done: Callable[[Summary], None] | None = None) -> Summary:
     """Run ``options.graphs`` graphs, ``options.jobs`` at a time (one worker process each);
-    outcomes are counted in graph order, failures written, shrunk and saved as they come."""
+    outcomes are counted in graph order, failures written, shrunk and saved as they come.
+    ``done`` is called with the summary so far after each graph (a progress bar)."""
     summary = Summary()
     local = threading.local()
     checkers: list[Checker] = []
@@ -296,6 +298,8 @@ def run(options: Options, log: Callable[[str], None] = print) -> Summary:
                         f"{outcome['tvm_violations'][0]}")
                 elif index % 50 == 0:
                     log(f"graph {index}: ok ({seconds:.1f} s) {summary.line()}")
+                if done is not None:
+                    done(summary)
     finally:
         for checker in [*checkers, shrinker]:
             checker.close()
