@@ -86,7 +86,8 @@ def render_page(inspection: Inspection, mapping: Mapping, measured: Measured | N
         _graph_section(mapping, flows.get("stitch")),
         "<h2>Per kernel</h2>",
         '<p class="note">Kernels in launch order, for each flow: global bytes accessed and '
-        "the estimated time. The measured results hold no per-kernel times.</p>",
+        "the estimated time" + (" (measured results hold no per-kernel times)"
+                                if measured is not None else "") + ".</p>",
         _figure(_kernel_figure(inspection), "kernel-chart"),
         "<h2>Roofline</h2>",
         '<p class="note">Each kernel at its DRAM bytes and the bandwidth its estimate implies '
