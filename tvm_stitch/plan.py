@@ -143,7 +143,8 @@ class Choices:
     walked in sequence, elements per access, threads per block of an element-wise kernel,
     parts per row of task splitting (1: none), column tiles of a Global group's row phases
     (1: none), the inputs re-read from global memory rather than staged on chip, and the
-    inputs held in their threads' registers rather than staged per row.
+    inputs held in their threads' registers rather than staged per row, and whether a row
+    group's reductions read their inputs a vector at a time (``vector_reads``).
     ``schedule.decisions`` applies them and raises Unstitchable for an illegal one; the
     candidate space (``tuning.space``) offers only legal ones."""
 
@@ -156,6 +157,7 @@ class Choices:
     column_tiles: int | None = None
     reread: tuple[str, ...] = ()
     held: tuple[str, ...] = ()
+    vector_reads: bool | None = None
 
     def __str__(self) -> str:
         fixed = [f"{f.name.replace('_', ' ')} {getattr(self, f.name)}" for f in fields(self)
@@ -343,7 +345,9 @@ class Group:
     ``scalar_blocks`` are the blocks that access memory one element at a time although the
     mapping's vector is wider: accesses not provably whole aligned vectors
     (``schedule.vectors``), or a boolean value in more lanes than TVM's CUDA code generator
-    takes; reductions always do.
+    takes; reductions do, except those of ``vector_reads``, which read their inputs a
+    vector at a time into registers (consecutive threads on consecutive vectors) and reduce
+    those.
     """
 
     id: int
@@ -365,6 +369,7 @@ class Group:
     permuted_copies: tuple[str, ...] = ()
     permuted_outputs: tuple[str, ...] = ()
     scalar_blocks: tuple[str, ...] = ()
+    vector_reads: tuple[str, ...] = ()
     choices: Choices = field(default_factory=Choices)
     source: ChoiceSource = ChoiceSource.HEURISTIC
 
@@ -504,6 +509,8 @@ def format_plan(plan: StitchPlan) -> str:
                             if g.permuted_outputs else ""))
         if g.scalar_blocks:
             lines.append(f"  scalar accesses: {', '.join(g.scalar_blocks)}")
+        if g.vector_reads:
+            lines.append(f"  reductions reading vectors: {', '.join(g.vector_reads)}")
         if g.source is not ChoiceSource.HEURISTIC:
             lines.append(f"  chosen by the {g.source.value}: {g.choices}")
         if g.launch is not None:

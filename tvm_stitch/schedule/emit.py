@@ -121,7 +121,7 @@ def emit(func: tirx.PrimFunc, group: Group) -> s_tir.Schedule:
         _map_flat(sch, group.mapping, group.scalar_blocks)
         return sch
     mapping = group.mapping
-    _map_rows(sch, mapping, done.block_caches, group.scalar_blocks)
+    _map_rows(sch, mapping, done.block_caches, group.scalar_blocks, group.vector_reads)
     if mapping.rows_per_block > 1 and (
             mapping.rows_expr or mapping.rows % mapping.rows_per_block):  # a guarded last block
         _index_rows_in_block(sch, mapping.rows_per_block, rows=mapping.rows)
@@ -303,7 +303,7 @@ def _lane_map(buffer: tirx.Buffer, vector: int) -> tirx.IndexMap:
 
 
 def _map_rows(sch: s_tir.Schedule, mapping: ThreadMapping, block_caches: list[str],
-              scalar: tuple[str, ...]) -> None:
+              scalar: tuple[str, ...], vector_reads: tuple[str, ...] = ()) -> None:
     """Row mapping over blocks in (row, element) form (``layout.flatten_rows``): a thread
     block walks ``row_steps`` groups of ``rows_per_block`` rows; the phases of each group are
     computed in that loop, inputs staged for the whole block (``block_caches``) before it;
@@ -318,9 +318,10 @@ def _map_rows(sch: s_tir.Schedule, mapping: ThreadMapping, block_caches: list[st
             row, [None, mapping.row_steps, mapping.rows_per_block])
         heads.append(outer)
         steps.append(step)
-        bindings.append((row_in_block, _element_loop(sch, block, elem, mapping, scalar)))
+        bindings.append((row_in_block, _element_loop(sch, block, elem, mapping, scalar,
+                                                     vector_reads)))
     bx, step = _merge_tasks(sch, heads, steps)
-    _bind_at_step(sch, mapping, bindings, others, step, scalar)
+    _bind_at_step(sch, mapping, bindings, others, step, scalar, vector_reads)
     for block in caches:
         sch.compute_at(block, bx, preserve_unit_loops=True)
         loops = sch.get_loops(block)[1:]
@@ -371,7 +372,8 @@ def _merge_tasks(sch: s_tir.Schedule, heads: list[LoopRV], steps: list[LoopRV]
 
 def _bind_at_step(sch: s_tir.Schedule, mapping: ThreadMapping,
                   bindings: list[tuple[LoopRV | None, LoopRV]], others: list[SBlockRV],
-                  step: LoopRV, scalar: tuple[str, ...]) -> None:
+                  step: LoopRV, scalar: tuple[str, ...], vector_reads: tuple[str, ...] = ()
+                  ) -> None:
     """Bind the sinks' (row in block, thread) loops (``bindings``), then compute every other
     block at ``step`` (last first) with its (row, element) loops bound alike."""
     for row_in_block, thread in bindings:
@@ -383,7 +385,7 @@ def _bind_at_step(sch: s_tir.Schedule, mapping: ThreadMapping,
             raise Unstitchable(f"block {name_of(sch, block)}: compute-at made {len(loops)} "
                                "loops for (row, element)")
         _bind_threads(sch, mapping, loops[0],
-                      _element_loop(sch, block, loops[1], mapping, scalar))
+                      _element_loop(sch, block, loops[1], mapping, scalar, vector_reads))
 
 
 def _two_loops(sch: s_tir.Schedule, block: SBlockRV) -> tuple[LoopRV, LoopRV]:
@@ -394,13 +396,36 @@ def _two_loops(sch: s_tir.Schedule, block: SBlockRV) -> tuple[LoopRV, LoopRV]:
 
 
 def _element_loop(sch: s_tir.Schedule, block: SBlockRV, elem: LoopRV,
-                  mapping: ThreadMapping, scalar: tuple[str, ...]) -> LoopRV:
+                  mapping: ThreadMapping, scalar: tuple[str, ...],
+                  vector_reads: tuple[str, ...] = ()) -> LoopRV:
     """The thread loop of a row block's element loop, the thread loop outside (consecutive
     threads take consecutive elements, or vectors of ``mapping.vector`` elements unless the
-    block reduces or is in ``scalar``); returns the thread loop."""
+    block reduces or is in ``scalar``; a reduction of ``vector_reads`` reads its inputs a
+    vector at a time, ``_read_vectors``); returns the thread loop."""
+    if name_of(sch, block) in vector_reads:
+        return _read_vectors(sch, block, elem, mapping)
     serial, thread = _split_vectors(sch, block, elem, [None, mapping.threads_per_row],
                                     mapping.vector, scalar)
     sch.reorder(thread, serial)
+    return thread
+
+
+def _read_vectors(sch: s_tir.Schedule, block: SBlockRV, elem: LoopRV,
+                  mapping: ThreadMapping) -> LoopRV:
+    """A reduction's element loop as (thread, step, lane): each thread reduces vectors of
+    ``mapping.vector`` consecutive elements, consecutive threads on consecutive vectors, and
+    each global input's vector is loaded at once into registers (a vectorised copy at each
+    step; the plan asserted the accesses aligned). Returns the thread loop."""
+    stmt = sch.get(block)
+    assert aligned_vectors(stmt, mapping.vector), (stmt.name_hint, mapping.vector)
+    serial, thread, lane = sch.split(elem, [None, mapping.threads_per_row, mapping.vector])
+    sch.reorder(thread, serial, lane)
+    names = [r.source.name for r in stmt.reads if r.source.scope() == "global"]
+    for name in dict.fromkeys(names):
+        index = next(i for i, r in enumerate(sch.get(block).reads) if r.source.name == name)
+        cache = sch.cache_read(block, index, LOCAL)
+        sch.compute_at(cache, serial, preserve_unit_loops=True)
+        sch.vectorize(sch.get_loops(cache)[-1])
     return thread
 
 

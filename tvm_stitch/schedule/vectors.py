@@ -107,3 +107,19 @@ def scalar_blocks(sch: s_tir.Schedule, blocks: list[SBlockRV], vector: int
                 and block.name_hint not in found:
             found.append(block.name_hint)
     return tuple(found)
+
+
+def vector_reads(sch: s_tir.Schedule, blocks: list[SBlockRV], vector: int
+                 ) -> tuple[str, ...]:
+    """The names of the reduction blocks among ``blocks`` that can read their global inputs
+    ``vector`` elements at a time: they read one at least, and every access moves with the
+    reduced (innermost) iterator in whole aligned vectors (``aligned_vectors``)."""
+    found: list[str] = []
+    for rv in blocks:
+        block = sch.get(rv)
+        if vector == 1 or spatial_block(block) or block.name_hint in found:
+            continue
+        if any(r.source.scope() == "global" for r in block.reads) \
+                and aligned_vectors(block, vector):
+            found.append(block.name_hint)
+    return tuple(found)

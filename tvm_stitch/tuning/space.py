@@ -3,8 +3,8 @@
 The rules' own kernel (``Choices()``) comes first. The other choices vary what the rules
 decide (``plan.Choices``) around the rules' kernel: threads per row and per block, rows
 packed per block and walked in sequence, elements per access, task-splitting parts, column
-tiles, and which staged inputs are re-read or held in registers instead. A choice is offered
-only once
+tiles, which staged inputs are re-read or held in registers instead, and whether reductions
+read their inputs in vectors. A choice is offered only once
 ``decisions.decide`` has built it, so every candidate is legal by construction: its
 resource checks (shared memory, registers, waves of a persistent grid) ran before it is
 offered, and a choice the rules refuse is dropped.
@@ -104,9 +104,10 @@ def choice_space(group: Group, max_threads: int) -> list[Choices]:
         threads = _around(mapping.threads_per_row, max_threads)
         for t, v, (r, h) in itertools.product(threads, vectors, _stagings(group)):
             packs = [p for p in PACKED_ROWS if p * t <= max_threads] if t <= WARP_SIZE else [1]
+            reads = [None, True] if v > 1 else [None]
             space += [Choices(threads_per_row=t, rows_per_block=p, row_steps=s, vector=v,
-                              reread=r, held=h)
-                      for p, s in itertools.product(packs, [None, *ROW_STEPS])]
+                              reread=r, held=h, vector_reads=w)
+                      for p, s, w in itertools.product(packs, [None, *ROW_STEPS], reads)]
     return list(dict.fromkeys(space))
 
 

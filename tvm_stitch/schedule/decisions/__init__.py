@@ -57,7 +57,7 @@ from ..occupancy import device_of, kernel_shared_bytes
 from ..phases import column_reductions
 from ..row_permutation import permute_rows
 from ..rows import Unstitchable, error_summary
-from ..vectors import scalar_blocks
+from ..vectors import scalar_blocks, vector_reads
 from .flat import decide_flat
 from .global_stitch import decide_global
 from .rows import decide_rows
@@ -155,8 +155,15 @@ def _with_vector_plan(fused: tirx.PrimFunc, group: Group) -> Group:
     if mapping is None or mapping.kind is MappingKind.FLAT or mapping.vector == 1:
         return group
     done = _scheduling(rewritten, fused, group)
-    return replace(group, scalar_blocks=scalar_blocks(done.sch, done.vectorisable(),
-                                                      mapping.vector))
+    group = replace(group, scalar_blocks=scalar_blocks(done.sch, done.vectorisable(),
+                                                       mapping.vector))
+    if not group.choices.vector_reads:
+        return group
+    found = () if group.phases else vector_reads(done.sch, done.vectorisable(), mapping.vector)
+    if not found:
+        raise Unstitchable(f"no reduction reads its inputs in whole aligned vectors of "
+                           f"{mapping.vector}")
+    return replace(group, vector_reads=found)
 
 
 def _schedule(func: tirx.PrimFunc, group: Group) -> tirx.PrimFunc:

@@ -17,7 +17,7 @@ FLAT_CHOICES = frozenset({"block_threads", "vector"})
 """What an element-wise group's choices may fix."""
 
 ROW_CHOICES = frozenset({"threads_per_row", "rows_per_block", "row_steps", "vector",
-                         "split_parts", "reread", "held"})
+                         "split_parts", "reread", "held", "vector_reads"})
 """What a row group's choices may fix."""
 
 GLOBAL_CHOICES = frozenset({"threads_per_row", "vector", "split_parts", "column_tiles",
