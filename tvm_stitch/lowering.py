@@ -106,6 +106,7 @@ class LoweredFunc:
         ana = Analyzer()
         scalars = scalars or {}
         shapes_iter = iter(shapes)
+        derived: list[tuple[tirx.Buffer, tvm.ir.PrimExpr, int]] = []
         for p in self.params:
             if _is_buffer_param(p):
                 shape = next(shapes_iter)
@@ -115,22 +116,22 @@ class LoweredFunc:
                         f"got shape {tuple(shape)}"
                     )
                 for dim, size in zip(p.shape, shape, strict=True):
-                    if isinstance(dim, tirx.IntImm):
-                        if int(dim) != int(size):
-                            raise ValueError(
-                                f"{self.name}: parameter {p.name} expects {list(p.shape)}, "
-                                f"got {tuple(shape)}"
-                            )
-                    elif isinstance(dim, tvm.ir.Var):
+                    if isinstance(dim, tvm.ir.Var):
                         ana.bind(dim, tirx.IntImm(scalar_dtype(dim), int(size)))
-                    else:
-                        raise LoweringError(
-                            f"{self.name}: shape expression {dim} of {p.name} is not a variable"
-                        )
+                    else:  # a number, or an expression of variables (``past + 1``)
+                        derived.append((p, dim, int(size)))
             else:
                 if p.name not in scalars:
                     raise ValueError(f"{self.name}: scalar parameter {p.name} needs a value")
                 ana.bind(p, tirx.IntImm(scalar_dtype(p), int(scalars[p.name])))
+        for p, dim, size in derived:  # once every variable of a plain dimension is bound
+            value = ana.simplify(dim)
+            if not isinstance(value, tirx.IntImm):
+                raise LoweringError(f"{self.name}: shape expression {dim} of {p.name} has "
+                                    "variables no argument's shape gives")
+            if int(value) != size:
+                raise ValueError(f"{self.name}: parameter {p.name} expects {list(p.shape)}, "
+                                 f"its dimension {dim} = {int(value)}, got {size}")
         for var, value in self.binds:
             ana.bind(var, ana.simplify(value))
         return ana

@@ -73,10 +73,17 @@ class SimtModule:
 
     def _packed(self, name: str, num_outputs: int):
         func = self.functions[name]
+        scalar_names = [p.name for p in func.lowered.params
+                        if not isinstance(p.ty, tirx.BufferType)]
 
-        def run(*tensors: tvm.runtime.Tensor) -> None:
+        def run(*args: tvm.runtime.Tensor | int) -> None:
+            # a call passes the PrimFunc's scalar parameters (shape values) among its tensors
+            tensors = [a for a in args if isinstance(a, tvm.runtime.Tensor)]
+            scalars = dict(zip(scalar_names, (int(a) for a in args
+                                              if not isinstance(a, tvm.runtime.Tensor)),
+                               strict=True))
             arrays = [t.numpy() for t in tensors]
-            func(*arrays)
+            func(*arrays, **scalars)
             for t, a in zip(tensors[-num_outputs:], arrays[-num_outputs:], strict=True):
                 t.copyfrom(a)
 

@@ -1,0 +1,48 @@
+"""An LLM decode step exported with dynamic axes: one new token's scores against a key cache
+of symbolic length ``past`` and itself, a softmax over ``past + 1``. The stitch flow compiles
+it once and matches onnxruntime at every size (the SIMT runner binds a buffer whose shape is
+an expression such as ``past + 1`` from the variables other arguments give, and forwards the
+shape values TVM's kernels take as scalar parameters); TVM's default flow does not compile
+it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tvm_stitch import pipeline, verify
+from tvm_stitch.frontend.onnx import import_model
+from tvm_stitch.plan import StitchPlan
+
+TARGET = "cuda:sm_90"
+
+
+def _decode_step():
+    q = helper.make_tensor_value_info("q", TensorProto.FLOAT, ["batch", 4, 1, 16])
+    k_past = helper.make_tensor_value_info("k_past", TensorProto.FLOAT, ["batch", 4, "past", 16])
+    k_new = helper.make_tensor_value_info("k_new", TensorProto.FLOAT, ["batch", 4, 1, 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4, 1, None])
+    nodes = [helper.make_node("Concat", ["k_past", "k_new"], ["k"], axis=2),
+             helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["s"]),
+             helper.make_node("Mul", ["s", "scale"], ["scaled"]),
+             helper.make_node("Softmax", ["scaled"], ["y"], axis=-1)]
+    scale = numpy_helper.from_array(np.array(0.25, np.float32), "scale")
+    graph = helper.make_graph(nodes, "decode_step", [q, k_past, k_new], [y], [scale])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_one_compile_serves_every_cache_length() -> None:
+    model = _decode_step()
+    scheduled = pipeline.lower(import_model(model), TARGET, "stitch")
+    plan = StitchPlan.of_module(scheduled)
+    assert all(f.reason for f in plan.fallbacks)
+    for dims in ({"batch": 1, "past": 1}, {"batch": 1, "past": 7}, {"batch": 2, "past": 30}):
+        assert verify.run_simt(scheduled, model, dims=dims).ok, dims
+
+
+@pytest.mark.xfail(strict=True, reason="TVM's: dlight's general reduction rule fails to bind "
+                   "the softmax over past + 1 (ScheduleError in bind)")
+def test_tvm_default_flow_compiles_it() -> None:
+    pipeline.lower(import_model(_decode_step()), TARGET, "baseline")
