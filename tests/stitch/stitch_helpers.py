@@ -106,6 +106,14 @@ def spills(report: str) -> list[tuple[int, int]]:
     return [(int(a), int(b)) for a, b in _SPILLS.findall(report)]
 
 
+_STACK = re.compile(r"(\d+) bytes stack frame")
+
+
+def stack_frames(report: str) -> list[int]:
+    """The stack frame bytes of every kernel in a ptxas report (a local-memory array)."""
+    return [int(n) for n in _STACK.findall(report)]
+
+
 def module_cuda_source(scheduled: IRModule, arch: str) -> str:
     """The CUDA source of every kernel of ``scheduled``, as TVM builds it for ``arch``."""
     executable = pipeline.build(scheduled, cuda_target(arch))

@@ -1,6 +1,7 @@
 """Any candidate of the candidate space gives right numbers: for every ci-size workload of
 the zoo, the stitch flow with a random candidate (not the rules' kernel) for every group runs
-on the SIMT runner and matches onnxruntime, and its CUDA compiles for sm_90 without spills."""
+on the SIMT runner and matches onnxruntime, and its CUDA compiles for sm_80 and sm_90 without
+spills or stack frames."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from stitch_helpers import (
     reference,
     run_simt,
     spills,
+    stack_frames,
 )
 
 from tvm_stitch import pipeline
@@ -46,6 +48,8 @@ def test_a_random_candidate_of_every_group_matches_onnxruntime(name: str) -> Non
     if any(g.mapping is not None and g.mapping.rows > 1 for g in plan.groups):
         assert drawn, "no group had a candidate other than the rules' kernel"
     assert_matches(run_simt(model, scheduled, inputs), reference(model, inputs))
-    report = compile_cuda(module_cuda_source(scheduled, "sm_90"), "sm_90")
-    found = spills(report)
-    assert found and all(s == (0, 0) for s in found), report
+    for arch in ("sm_80", "sm_90"):
+        report = compile_cuda(module_cuda_source(scheduled, arch), arch)
+        found = spills(report)
+        assert found and all(s == (0, 0) for s in found), (arch, report)
+        assert set(stack_frames(report)) == {0}, (arch, report)
