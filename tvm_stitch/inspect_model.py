@@ -18,7 +18,7 @@ import json
 import math
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -209,7 +209,17 @@ def render(inspection: Inspection) -> str:
                          "'fallback' line of the plan gives its reason)")
     lines += ["", "== totals =="]
     totals = [f.totals() for f in inspection.flows]
-    metrics = [
+    metrics = total_rows(gpu.name)
+    table = [["", *(f.flow for f in inspection.flows)]]
+    table += [[label, *(cell(t) for t in totals)] for label, cell in metrics]
+    lines += _table(table, left={0})
+    return "\n".join(lines)
+
+
+def total_rows(gpu: str) -> list[tuple[str, Callable[[dict], str]]]:
+    """The rows of a flow's totals (``FlowReport.totals``) as people read them: a label and
+    how its cell is written, estimated times for ``gpu``."""
+    return [
         ("kernels", lambda t: str(t["kernels"])),
         ("memory-intensive kernels", lambda t: str(t["mem_kernels"])),
         ("stitched kernels", lambda t: str(t["stitched_kernels"])),
@@ -218,13 +228,8 @@ def render(inspection: Inspection) -> str:
         ("compulsory bytes", lambda t: format_bytes(t["compulsory_bytes"])),
         ("traffic ratio", lambda t: f"{t['traffic_ratio']:.2f}"),
         ("DRAM ratio", lambda t: f"{t['dram_ratio']:.2f}"),
-        (f"estimated {gpu.name} us", lambda t: f"{t['estimated_us'][gpu.name]:.1f}"),
+        (f"estimated {gpu} us", lambda t: f"{t['estimated_us'][gpu]:.1f}"),
     ]
-    table = [["", *(f.flow for f in inspection.flows)]]
-    table += [[label, *(cell(t) for t in totals)] for label, cell in metrics]
-    lines += _table(table, left={0})
-    return "\n".join(lines)
-
 
 def _table(rows: list[list[str]], left: set[int]) -> list[str]:
     """Rows of cells as aligned lines: columns in ``left`` flush left, the others right."""

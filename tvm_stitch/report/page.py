@@ -16,8 +16,7 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
-from ..analysis.report import format_bytes
-from ..inspect_model import FlowReport, Inspection
+from ..inspect_model import FlowReport, Inspection, total_rows
 from .mapping import Mapping, NodeMapping, NodePlace
 from .measured import Measured
 
@@ -107,14 +106,7 @@ def render_page(inspection: Inspection, mapping: Mapping, measured: Measured | N
 def _summary(inspection: Inspection, measured: Measured | None) -> str:
     gpu = inspection.gpu.name
     totals = {f.flow: f.totals() for f in inspection.flows}
-    rows = [("kernels", lambda t: str(t["kernels"])),
-            ("memory-intensive kernels", lambda t: str(t["mem_kernels"])),
-            ("stitched kernels", lambda t: str(t["stitched_kernels"])),
-            ("global bytes accessed", lambda t: format_bytes(t["accessed_bytes"])),
-            ("DRAM bytes", lambda t: format_bytes(t["dram_bytes"])),
-            ("compulsory bytes", lambda t: format_bytes(t["compulsory_bytes"])),
-            ("traffic ratio", lambda t: f"{t['traffic_ratio']:.2f}"),
-            (f"estimated {gpu} us", lambda t: f"{t['estimated_us'][gpu]:.1f}")]
+    rows = total_rows(gpu)
     head = "".join(f"<th>{html.escape(f)}</th>" for f in totals)
     body = "".join(f"<tr><td>{label}</td>" + "".join(f"<td>{cell(t)}</td>"
                                                    for t in totals.values()) + "</tr>"
