@@ -19,7 +19,6 @@ when the package is missing, unless the variable is set already).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.metadata
 import os
 import sys
@@ -39,7 +38,7 @@ from .frontend.onnx import ModelError, check_dims, dim_params, graph_inputs, imp
 from .plan import StitchPlan
 from .sidecar import Sidecar, SidecarError, TensorSpec, sidecar_path
 from .target import DEFAULT_TARGET, TargetSpec, describe, parse_target, target_argument
-from .tuning.database import DatabaseError, use_database
+from .tuning.database import DatabaseError, add_database_argument, database_or_none
 from .verify import dim_argument
 
 DEFAULT_FLOW = "stitch"
@@ -95,7 +94,7 @@ def compile_onnx(model: str | os.PathLike | onnx.ModelProto,
     hints = dict(dims or {})
     check_dims(proto, hints)
     mod = import_model(proto)
-    with contextlib.nullcontext() if database is None else use_database(database):
+    with database_or_none(database):
         scheduled = pipeline.lower(mod, target, flow)
     executable = pipeline.build(scheduled, target)
     plan = StitchPlan.of_module(scheduled)
@@ -228,8 +227,7 @@ def add_compile_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="NAME=SIZE",
                         help="expected size of a symbolic input dimension, recorded in the "
                              "sidecar as a hint; the library stays symbolic")
-    parser.add_argument("--db", metavar="DIR",
-                        help="a tuning database (tvm-stitch tune) whose records to apply")
+    add_database_argument(parser)
 
 
 def compile_command(args: argparse.Namespace) -> int:

@@ -13,7 +13,6 @@ their reasons; and the totals of both flows side by side. ``tvm-stitch inspect``
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
@@ -34,7 +33,7 @@ from .analysis.report import format_bytes, trim_dims
 from .frontend.onnx import ModelError, check_dims, import_model, load
 from .plan import GROUP_ATTR, Fallback, StitchPlan
 from .target import DEFAULT_TARGET, TargetSpec, describe, parse_target, target_argument
-from .tuning.database import DatabaseError, use_database
+from .tuning.database import DatabaseError, add_database_argument, database_or_none
 from .verify import dim_argument
 
 BOTH = "both"
@@ -151,7 +150,7 @@ def inspect_onnx(model: str | os.PathLike | onnx.ModelProto,
     mod = import_model(proto)
     reports = []
     for flow in flows:
-        with contextlib.nullcontext() if database is None else use_database(database):
+        with database_or_none(database):
             scheduled = pipeline.lower(mod, target, flow)
         reports.append(flow_report(flow, scheduled, gpu, target, sizes))
     name = proto.graph.name if isinstance(model, onnx.ModelProto) else Path(model).name
@@ -251,8 +250,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="NAME=SIZE",
                         help="size to count a symbolic input dimension at (each needs one); "
                              "the model is compiled symbolic")
-    parser.add_argument("--db", metavar="DIR",
-                        help="a tuning database (tvm-stitch tune) whose records to apply")
+    add_database_argument(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead")
 
 

@@ -10,7 +10,6 @@ at the sizes ``--dim NAME=SIZE`` gives them.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from . import analysis, pipeline
 from .frontend.onnx import ModelError, graph_inputs, import_model, load
 from .plan import ChoiceSource, StitchPlan
 from .target import DEFAULT_TARGET, TargetSpec, target_argument
-from .tuning.database import DatabaseError, use_database
+from .tuning.database import DatabaseError, add_database_argument, database_or_none
 from .workloads import inputs as make_inputs
 from .workloads.inputs import input_signature
 
@@ -159,9 +158,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="NAME=SIZE",
                         help="size of a symbolic input dimension (an ONNX dim_param) to run "
                              "and measure the model at; the model is compiled symbolic")
-    parser.add_argument("--db", metavar="DIR",
-                        help="a tuning database (tvm-stitch tune): the stitch flow applies "
-                             "its best record to every group it matches")
+    add_database_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -174,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         model = load(args.model)
         _require_sized_inputs(model, dims)
-        with _database(args.db):
+        with database_or_none(args.db):
             scheduled = compile_model(model, args.pipeline, args.target)
     except (ModelError, DatabaseError) as err:
         print(f"error: {err}", file=sys.stderr)
@@ -189,11 +186,6 @@ def run(args: argparse.Namespace) -> int:
             g.source is ChoiceSource.DATABASE for g in (plan.groups if plan else ()))
     print(json.dumps(result))
     return 0 if result["ok"] else 1
-
-
-def _database(path: str | None) -> contextlib.AbstractContextManager:
-    """Within it, compiles apply the tuning database at ``path`` (nothing without one)."""
-    return contextlib.nullcontext() if path is None else use_database(path)
 
 
 def main(argv: list[str] | None = None) -> int:

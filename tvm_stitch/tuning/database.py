@@ -9,6 +9,8 @@ appended. A line that is not a record of ours is an error that names the file an
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -141,6 +143,18 @@ class DatabaseChooser(Chooser):
         if first.choices != Choices():
             yield replace(first.decided, group=replace(first.group,
                                                        source=ChoiceSource.COST_MODEL))
+
+
+def add_database_argument(parser: argparse.ArgumentParser) -> None:
+    """The ``--db DIR`` argument of the commands that compile (verify, compile, inspect)."""
+    parser.add_argument("--db", metavar="DIR",
+                        help="a tuning database (tvm-stitch tune): the stitch flow applies "
+                             "its best record to every group it matches")
+
+
+def database_or_none(path: str | Path | None) -> contextlib.AbstractContextManager:
+    """``use_database(path)``, or nothing when ``path`` is None."""
+    return contextlib.nullcontext() if path is None else use_database(path)
 
 
 @contextmanager
