@@ -178,7 +178,10 @@ class ThreadMapping:
     one element and ``rows_per_block`` threads run on threadIdx.x, each on ``vector``
     elements. ``rows_expr`` is set when the row (element) count is symbolic: the expression
     the kernel computes its grid from at run time; ``rows`` is then its stand-in
-    (``tvm_stitch.symbolic``), and ``blocks`` means nothing.
+    (``tvm_stitch.symbolic``), and ``blocks`` means nothing. ``length_expr`` is set when
+    the row length is symbolic: each thread then walks the row in a loop of run-time extent,
+    ``row_length`` is its stand-in, and ``mapped_length`` the length the threads were
+    chosen for (a declared upper bound, or ``SYMBOLIC_ROW_LENGTH``).
     """
 
     kind: MappingKind
@@ -189,6 +192,8 @@ class ThreadMapping:
     row_steps: int = 1
     vector: int = 1
     rows_expr: str = ""
+    length_expr: str = ""
+    mapped_length: int = 0
 
     @property
     def threads_per_block(self) -> int:
@@ -217,7 +222,9 @@ class ThreadMapping:
             return (f"flat: {rows} elements, {self.rows_per_block} threads per block"
                     f"{vector}, {blocks}")
         steps = f", {self.row_steps} rows in sequence" if self.row_steps > 1 else ""
-        return (f"{self.kind.value}: {rows} rows x {self.row_length}, "
+        length = (f"{self.length_expr} (symbolic, mapped for {self.mapped_length})"
+                  if self.length_expr else str(self.row_length))
+        return (f"{self.kind.value}: {rows} rows x {length}, "
                 f"{self.rows_per_block} row(s) x {self.threads_per_row} threads per block"
                 f"{steps}{vector}, {blocks}")
 

@@ -28,11 +28,12 @@ def matmul_softmax(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def symbolic_softmax(tmp_path_factory) -> str:
-    """A softmax over a symbolic length ``n``: it falls back to TVM's fusion."""
+    """A softmax over the first axis, of symbolic length ``n``: a column reduction over a
+    symbolic length, which falls back to TVM's fusion."""
     g = GraphBuilder("symbolic_softmax")
-    x = g.input("x", [4, "n"])
+    x = g.input("x", ["n", 4])
     path = tmp_path_factory.mktemp("models") / "symbolic_softmax.onnx"
-    onnx.save(g.model([g.op("Softmax", g.op("Exp", x), axis=-1)]), path)
+    onnx.save(g.model([g.op("Softmax", g.op("Exp", x), axis=0)]), path)
     return str(path)
 
 

@@ -149,11 +149,10 @@ def classify(func: tirx.PrimFunc, num_outputs: int = 1) -> OpInfo:
             return OpInfo(OpKind.COMPUTE, **{**base, "detail": f"block {b.name} re-uses {reused}"})
     not_rows = [why for why in map(_not_row_reduction, reductions) if why]
     lengths = [prod(b.extents[v] for v in b.reduce) for b in reductions]
-    if any(map(is_symbolic, lengths)):
-        kind = OpKind.COLUMN_REDUCE if not_rows else OpKind.ROW_REDUCE
-        return OpInfo(kind, **{**base, "detail": "symbolic reduction length"},
-                      unsupported="symbolic reduction length: only a row count may be "
-                                  "symbolic, the length reduced must be static")
+    if not_rows and any(map(is_symbolic, lengths)):
+        return OpInfo(OpKind.COLUMN_REDUCE, **{**base, "detail": "symbolic reduction length"},
+                      unsupported="symbolic reduction length of a reduction that is not over "
+                                  "rows: only row reductions walk a run-time length")
     if not_rows:
         return _column_reduction(reductions, base, not_rows[0])
     rows = {prod(b.extents[v] for v in b.spatial) for b in reductions}

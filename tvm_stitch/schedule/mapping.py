@@ -38,6 +38,11 @@ threads and up to four times as many rows (bytes in flight) per SM."""
 MIN_ROW_THREADS = 2 * WARP_SIZE
 """Fewest threads of a block-per-row mapping (rows longer than ``SHORT_ROW``)."""
 
+SYMBOLIC_ROW_LENGTH = 1024
+"""The length a row of symbolic length is mapped for when no upper bound is declared: 256
+threads a row, as dlight gives a row it cannot size, four accesses each at 1024 elements and
+still one or two at the lengths of a short sequence."""
+
 def _pow2_ceil(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 

@@ -11,7 +11,7 @@ from ...analysis.roofline import GPU
 from ...plan import Buffer, BufferRole, Group, StorageLevel, ThreadMapping
 from ...symbolic import is_symbolic, symbolic_extent
 from ..blocks import child_blocks, load_count, name_of, readers, written_params
-from ..mapping import MAX_ROW_STEPS, row_mapping, row_steps, row_vector
+from ..mapping import MAX_ROW_STEPS, SYMBOLIC_ROW_LENGTH, row_mapping, row_steps, row_vector
 from ..occupancy import cached_elements_cap
 from ..rows import (
     BlockRows,
@@ -60,17 +60,23 @@ def decide_rows(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: in
     decide_inlining(sch, func, infos, rows, dec)
     infos = {name_of(sch, b): block_rows(sch, b, rows) for b in child_blocks(sch)}
     decide_staging(sch, func, infos, rows, dec)
+    longest = max(infos.values(), key=lambda info: info.elements)
+    length = longest.elements
+    if is_symbolic(length):
+        _unbounded_rows(sch, dec)
     choices = group.choices
     reread_chosen(dec, choices)
     dec.reductions = sum(1 for info in infos.values() if info.is_reduction)
-    length = max(info.elements for info in infos.values())
     vector = chosen_vector(row_vector(length, widest_element(sch, func)), choices)
+    mapped = SYMBOLIC_ROW_LENGTH if is_symbolic(length) else length
     if is_symbolic(rows):  # packed rows: the last block's rows past the end are guarded
-        rows_expr = symbolic_extent([i.size for i in next(iter(infos.values())).row_iters])
-        mapping = replace(row_mapping(rows, length, None, max_threads, gpu, vector),
-                          rows_expr=rows_expr)
+        mapping = replace(row_mapping(rows, mapped, None, max_threads, gpu, vector),
+                          rows_expr=symbolic_extent([i.size for i in longest.row_iters]))
     else:
-        mapping = row_mapping(rows, length, rows, max_threads, gpu, vector)
+        mapping = row_mapping(rows, mapped, rows, max_threads, gpu, vector)
+    if is_symbolic(length):
+        mapping = replace(mapping, row_length=length, mapped_length=mapped,
+                          length_expr=symbolic_extent([i.size for i in longest.element_iters]))
     mapping = chosen_row_mapping(mapping, choices, max_threads)
     hold_chosen(sch, dec, mapping, choices)
     mapping = fit_budget(sch, dec, mapping, budget)
@@ -104,6 +110,8 @@ def register_cache(sch: s_tir.Schedule, func: tirx.PrimFunc, dec: Decisions,
     written = {p.name for p in written_params(func, sch)}
     reread = [p for p in func.params
               if p.name not in on_chip | written and len(readers(sch, p)) > 1]
+    if mapping.length_expr:  # a loop of run-time extent: nothing unrolled, nothing kept
+        return [p.name for p in reread], 0
     vector = mapping.vector  # a thread's accesses are vectors of this many elements
     per_thread = -(-mapping.row_length // (mapping.threads_per_row * vector)) * vector
     doubled = {p.name for p in reread if _read_out_of_order(sch, p, infos, mapping.rows)}
@@ -230,6 +238,29 @@ def decide_staging(sch: s_tir.Schedule, func: tirx.PrimFunc, infos: dict[str, Bl
         elif sites >= 2:
             dec.global_reads.append(Buffer(param.name, BufferRole.INPUT, StorageLevel.GLOBAL, 0,
                                            f"read at {sites} places, not row-aligned"))
+
+
+def _unbounded_rows(sch: s_tir.Schedule, dec: Decisions) -> None:
+    """Rows of symbolic length have no size to stage: inputs staged per row (or per block,
+    a row's worth) are re-read from
+    global memory (each pass over the row is served by the L1 and L2 caches as far as they
+    hold it) and Regional intermediates are recomputed by their readers; one that cannot be
+    recomputed makes the group unstitchable."""
+    unsized = [*dec.staged, *(b for b in dec.block_shared if is_symbolic(b.size))]
+    for s in unsized:
+        dec.global_reads.append(Buffer(s.name, BufferRole.INPUT, StorageLevel.GLOBAL, 0,
+                                       "symbolic row length: re-read from global memory"))
+    dec.staged.clear()
+    dec.block_shared = [b for b in dec.block_shared if not is_symbolic(b.size)]
+    for s in list(dec.regional):
+        try:
+            sch.compute_inline(sch.get_sblock(s.block))
+        except Exception as err:  # noqa: BLE001 - not inlinable: no stitching
+            raise Unstitchable(f"{s.name} is read at several places of a row of symbolic "
+                               "length, which cannot be staged, and cannot be recomputed: "
+                               f"{error_summary(err)}") from err
+        dec.regional.remove(s)
+        dec.inlined.append(s.block)
 
 
 def _single_value(buffer: tirx.Buffer) -> bool:

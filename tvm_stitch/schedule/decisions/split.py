@@ -9,6 +9,7 @@ from tvm import s_tir, tirx
 
 from ...analysis.roofline import GPU
 from ...plan import Group
+from ...symbolic import is_symbolic
 from ..blocks import add_unit_loops, child_blocks
 from ..rows import block_rows, error_summary
 from ..task_split import split_options, split_parts, split_rows
@@ -38,7 +39,7 @@ def decide_split(func: tirx.PrimFunc, group: Group, rows: int, budget: int,
     add_unit_loops(sch)
     length = max(block_rows(sch, b, rows).elements for b in child_blocks(sch))
     threads = min(SPLIT_THREADS, max_threads)
-    if rows >= gpu.sms or length < SPLIT_MIN_LENGTH:
+    if rows >= gpu.sms or length < SPLIT_MIN_LENGTH or is_symbolic(length):
         return None
     wave = launch_of(gpu, threads, 0).wave
     if chosen is not None and chosen not in split_options(rows, length, wave, threads):

@@ -1,0 +1,142 @@
+"""Row reductions over a symbolic length (a sequence known only at run time): the row is
+walked in a loop of run-time extent, guarded, and what cannot be sized is re-read from global
+memory or recomputed. One compile serves every length, matches onnxruntime on the SIMT
+runner, and never needs more kernels or bytes than TVM's fusion at the same size."""
+
+from __future__ import annotations
+
+import functools
+
+import onnx
+import pytest
+import stitch_patterns as patterns
+from stitch_helpers import compile_cuda, lower_stitch, spills, stack_frames, stitched_functions
+
+from tvm_stitch import pipeline, verify
+from tvm_stitch.frontend.onnx import import_model
+from tvm_stitch.lowering import lower
+from tvm_stitch.plan import MappingKind, StitchPlan, StorageLevel
+from tvm_stitch.schedule.decisions.choosing import choosing
+from tvm_stitch.target import cuda_target
+from tvm_stitch.tuning.space import Sampling
+
+
+def named_dims(model: onnx.ModelProto, names: dict[int, str], inputs: dict[str, dict[int, str]]
+               | None = None) -> onnx.ModelProto:
+    """``model`` with dimension ``i`` of every graph output, and of every input not listed
+    in ``inputs``, named ``names[i]`` (an ONNX dim_param); ``inputs`` names other dimensions
+    for the inputs it lists (a mask's broadcast axes stay 1)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for value in (*out.graph.input, *out.graph.output):
+        dims = value.type.tensor_type.shape.dim
+        for i, name in (inputs or {}).get(value.name, names).items():
+            dims[i].dim_param = name
+    onnx.checker.check_model(out)
+    return out
+
+
+def _softmax() -> onnx.ModelProto:
+    return named_dims(patterns.softmax(16, 64)[0], {1: "length"})
+
+
+def _attention() -> onnx.ModelProto:
+    """Scores (batch, 2, seq, seq) scaled, masked by (batch, 1, 1, seq) and softmaxed: every
+    dimension that a model exported with dynamic axes leaves symbolic."""
+    return named_dims(patterns.scale_mask_softmax(2, 2, 16)[0],
+                      {0: "batch", 2: "seq", 3: "seq"}, {"mask": {0: "batch", 3: "seq"}})
+
+
+def _log_softmax() -> onnx.ModelProto:
+    base, _ = patterns.log_softmax_nll(16, 32)
+    model = onnx.ModelProto()
+    model.CopyFrom(base)
+    del model.graph.node[1:]  # the log-softmax alone: its output is (n, classes)
+    model.graph.output[0].CopyFrom(onnx.helper.make_tensor_value_info(
+        "lp", onnx.TensorProto.FLOAT, [16, "classes"]))
+    del model.graph.input[1:]
+    del model.graph.initializer[:]
+    return named_dims(model, {1: "classes"})
+
+
+CASES = {
+    # name: (model, the sizes each compiled module runs at)
+    "softmax": (_softmax, [{"length": n} for n in (1, 7, 64, 300, 5003)]),
+    "attention": (_attention, [{"batch": 1, "seq": 1}, {"batch": 2, "seq": 13},
+                               {"batch": 3, "seq": 64}, {"batch": 1, "seq": 200}]),
+    "log_softmax": (_log_softmax, [{"classes": n} for n in (2, 31, 1000)]),
+}
+
+
+@functools.cache
+def _compiled(case: str, flow: str):
+    model = CASES[case][0]()
+    return model, pipeline.lower(import_model(model), cuda_target(), flow)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_symbolic_row_length_is_one_stitched_kernel(case: str) -> None:
+    _, scheduled = _compiled(case, "stitch")
+    plan = StitchPlan.of_module(scheduled)
+    assert not plan.fallbacks and len(plan.groups) == 1, str(plan)
+    mapping = plan.groups[0].mapping
+    assert mapping.length_expr and mapping.kind is MappingKind.BLOCK_PER_ROW
+    assert "(symbolic, mapped for" in str(plan)
+    assert not any(b.level is StorageLevel.SHARED for b in plan.groups[0].buffers), str(plan)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_one_compile_serves_every_length(case: str) -> None:
+    model, stitched = _compiled(case, "stitch")
+    _, baseline = _compiled(case, "baseline")
+    for dims in CASES[case][1]:
+        ours = verify.summarize(stitched, model, dims=dims)
+        tvms = verify.summarize(baseline, model, dims=dims)
+        assert ours["ok"], (dims, ours)
+        assert ours["kernels"] <= tvms["kernels"], (dims, ours, tvms)
+        assert ours["global_bytes"] <= tvms["global_bytes"], (dims, ours, tvms)
+
+
+def test_staged_inputs_are_reread_and_intermediates_recomputed() -> None:
+    plan = StitchPlan.of_module(_compiled("softmax", "stitch")[1])
+    (group,) = plan.groups
+    (x,) = [b for b in group.buffers if b.name == "x"]
+    assert x.level is StorageLevel.GLOBAL and "symbolic row length" in x.note
+    assert group.inlined and not group.demotions
+
+
+def test_a_symbolic_length_is_not_split_over_blocks() -> None:
+    """16 rows fill few SMs, but a row of unknown length is not split into sub-rows."""
+    plan = StitchPlan.of_module(_compiled("softmax", "stitch")[1])
+    assert plan.groups[0].row_split == 1 and not plan.groups[0].phases
+
+
+def test_a_column_reduction_over_a_symbolic_length_falls_back() -> None:
+    model = named_dims(patterns.column_mean_center(16, 64)[0], {0: "batch"})
+    _, plan = lower_stitch(model)
+    assert any("symbolic reduction length" in f.reason for f in plan.fallbacks), str(plan)
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("case", ["attention", "softmax"])
+def test_symbolic_length_kernels_compile_without_spills(case: str, arch: str) -> None:
+    scheduled = _compiled(case, "stitch")[1]
+    for name, func in stitched_functions(scheduled).items():
+        report = compile_cuda(lower(func, name, cuda_target(arch)).source(), arch)
+        found = spills(report)
+        assert found and all(s == (0, 0) for s in found), report
+        assert all(frame == 0 for frame in stack_frames(report)), report
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_random_candidate_serves_every_length(seed: int) -> None:
+    model = _attention()
+    sampling = Sampling(seed=seed)
+    with choosing(sampling):
+        scheduled = pipeline.lower(import_model(model), cuda_target(), "stitch")
+    assert [c for c in sampling.drawn.values() if c is not None], "no candidate drawn"
+    plan = StitchPlan.of_module(scheduled)
+    assert plan.groups[0].mapping.length_expr, str(plan)
+    for dims in CASES["attention"][1]:
+        assert verify.run_simt(scheduled, model, dims=dims).ok, (seed, dims, str(plan))
