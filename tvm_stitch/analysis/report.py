@@ -267,11 +267,36 @@ class _Lowered:
                 if not isinstance(arg, BufferArg | WorkspaceArg):
                     value = _integer(host, arg, f"{what} argument {param.name}")
                     ana.bind(param, tirx.IntImm(scalar_dtype(param), value))
+            _bind_free_shape_vars(ana, kernel, self.func, host)
             traffic = count_traffic(kernel, ana, exact_guards, name=what)
             res = None if self.resources is None else self.resources.get(launch.kernel)
             reports.append(KernelReport(launch.kernel, self.func.name, grid, block,
                                         traffic, self.memory_intensive, res))
         return reports
+
+
+def _bind_free_shape_vars(ana: Analyzer, kernel: tirx.PrimFunc, func: LoweredFunc,
+                          host: Analyzer) -> None:
+    """Bind the shape variables a kernel's buffer declarations name without taking them as
+    parameters (TVM's common-subexpression pass passes ``batch * seq`` instead of ``batch``,
+    leaving ``batch`` free in the declaration of a ``(batch, 32)`` buffer), by name, to the
+    host's values."""
+    found: list[tvm.ir.Var] = []
+    for p in func.params:
+        for d in getattr(p, "shape", ()):
+            tvm_ffi.structural_walk(d, [(tvm.ir.Var, found.append)])
+    host_vars = {str(v.name): v for v in found}
+    named: list[tvm.ir.Var] = []
+    tvm_ffi.structural_walk(kernel.body, [(tvm.ir.Var, named.append)])
+    params = {str(p.name) for p in kernel.params}
+    for var in named:
+        name = str(var.name)
+        if name in params or name not in host_vars \
+                or isinstance(ana.simplify(var), tirx.IntImm):
+            continue
+        value = host.simplify(host_vars[name])
+        if isinstance(value, tirx.IntImm):
+            ana.bind(var, value)
 
 
 def _integer(ana: Analyzer, expr: tvm.ir.PrimExpr | int, what: str) -> int:
@@ -454,17 +479,18 @@ def _call_shapes(ana: Analyzer, call: relax.Call, func: tirx.PrimFunc, name: str
                  ) -> tuple[list[tuple[int, ...]], dict[str, int]]:
     """Concrete shapes of the PrimFunc's buffer parameters and values of its scalars."""
     args = list(call.args[1].fields) if isinstance(call.args[1], relax.Tuple) else [call.args[1]]
-    shapes = [_shape(ana, t, f"{name} argument {i}")
-              for i, a in enumerate(args) for t in _tensor_types(a.ty, f"{name} argument {i}")]
+    values = [a for a in args if tvm.ir.is_prim_expr(a)]  # shape values passed as arguments
+    shapes = [_shape(ana, t, f"{name} argument {i}") for i, a in enumerate(args)
+              if not tvm.ir.is_prim_expr(a) for t in _tensor_types(a.ty, f"{name} argument {i}")]
     outs = [t for ty in call.ty_args for t in _tensor_types(ty, f"{name} output")]
     if _op_name(call) == "relax.call_tir_inplace":
         outs = [t for t, i in zip(outs, call.attrs.inplace_indices, strict=True) if int(i) < 0]
     shapes += [_shape(ana, t, f"{name} output {i}") for i, t in enumerate(outs)]
-    scalars: dict[str, int] = {}
     if len(call.args) > 2:
-        params = [p for p in func.params if not isinstance(p.ty, tirx.BufferType)]
-        values = [_integer(ana, v, f"{name} symbolic argument") for v in call.args[2].values]
-        scalars = {p.name: v for p, v in zip(params, values, strict=True)}
+        values += list(call.args[2].values)
+    params = [p for p in func.params if not isinstance(p.ty, tirx.BufferType)]
+    scalars = {p.name: _integer(ana, v, f"{name} symbolic argument")
+               for p, v in zip(params, values, strict=True)}
     return shapes, scalars
 
 
