@@ -114,6 +114,12 @@ def classify(func: tirx.PrimFunc, num_outputs: int = 1) -> OpInfo:
         return OpInfo(OpKind.OPAQUE, pattern, (), detail="symbolic shape",
                       unsupported="output shape with a dimension that is not a product of "
                                   "shape variables")
+    inputs = params[: len(params) - num_outputs]
+    undefined = _shape_vars(params[len(inputs):]) - _shape_vars(inputs)
+    if undefined:
+        return OpInfo(OpKind.OPAQUE, pattern, out_shape, detail="shape from no input",
+                      unsupported=f"its output's shape uses {', '.join(sorted(undefined))}, "
+                                  "which no input's shape gives")
     blocks = _blocks(func)
     gather = pattern == OPAQUE and _is_gather(blocks)
     if gather:
@@ -123,7 +129,6 @@ def classify(func: tirx.PrimFunc, num_outputs: int = 1) -> OpInfo:
     if blocks is None:
         return OpInfo(OpKind.OPAQUE, pattern, out_shape, detail="blocks not analysable",
                       unsupported="its TIR has loops or blocks we cannot analyse")
-    inputs = params[: len(params) - num_outputs]
     reads = tuple(sum(1 for b in blocks for buf, _ in b.loads if buf.same_as(p)) for p in inputs)
     aligned = tuple(_reads_aligned(blocks, p) for p in inputs)
     expensive = any(b.calls & _EXPENSIVE_CALLS for b in blocks)
@@ -160,6 +165,15 @@ def classify(func: tirx.PrimFunc, num_outputs: int = 1) -> OpInfo:
         return OpInfo(OpKind.ROW_REDUCE, **{**base, "detail": "different row counts"},
                       unsupported="its reductions use different row counts")
     return OpInfo(OpKind.ROW_REDUCE, **base, rows=rows.pop(), row_length=max(lengths))
+
+
+def _shape_vars(buffers: list[tirx.Buffer]) -> set[str]:
+    """Names of the shape variables in the shapes of ``buffers``."""
+    found: list[tvm.ir.Var] = []
+    for b in buffers:
+        for d in b.shape:
+            tvm_ffi.structural_walk(d, [(tvm.ir.Var, found.append)])
+    return {str(v.name) for v in found}
 
 
 def _pattern(func: tirx.PrimFunc) -> int | None:

@@ -141,8 +141,13 @@ class _ValueIndex:
 
 
 def _key(expr: relax.Expr, env: dict[relax.Var, Key]) -> Key:
+    if isinstance(expr, relax.Var) and expr in env:
+        return env[expr]
+    if tvm.ir.is_prim_expr(expr) or isinstance(expr, relax.ShapeExpr):
+        # FuseOps gives a fused function shape variables of its own: compare them by name
+        return ("symbolic", str(expr))
     if isinstance(expr, relax.Var):
-        return env.get(expr, ("unknown", expr))
+        return ("unknown", expr)
     if isinstance(expr, relax.Tuple):
         return _TupleKey(tuple(_key(f, env) for f in expr.fields))
     if isinstance(expr, relax.TupleGetItem):
@@ -151,8 +156,11 @@ def _key(expr: relax.Expr, env: dict[relax.Var, Key]) -> Key:
             return base.fields[expr.index]
         return ("item", base, expr.index)
     if isinstance(expr, relax.Call):
+        # the result types tell apart calls without tensor arguments (two aranges, of the
+        # batch and of the sequence, call one PrimFunc)
         return ("call", _key(expr.op, env), tuple(_key(a, env) for a in expr.args),
-                None if expr.attrs is None else tvm_ffi.structural_hash(expr.attrs))
+                None if expr.attrs is None else tvm_ffi.structural_hash(expr.attrs),
+                tuple(map(str, expr.ty_args)))
     if isinstance(expr, tvm.ir.GlobalVar):
         return ("global", expr.name_hint)
     if isinstance(expr, tvm.ir.Op):
