@@ -13,6 +13,7 @@ from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter, _get_conver
 
 from .outputs import OutputError, rewrite
 from .repairs import RepairError, repair
+from .shapes import CONVERTERS
 
 # Element types the stitch and baseline flows compile and the SIMT runner can execute.
 SUPPORTED_ELEM_TYPES = {
@@ -113,7 +114,8 @@ def import_model(model: str | os.PathLike | onnx.ModelProto,
 
     Outputs of multi-output ops that TVM's importer would get wrong (``frontend.outputs``),
     and nodes that meet a known bug of TVM's (``frontend.repairs``), are rewritten into ops it
-    gets right, or refused."""
+    gets right, or refused; shape computations whose symbolic shape TVM's converters lose
+    are converted by ours (``frontend.shapes``)."""
     model = load(model)
     try:
         model = repair(rewrite(model))
@@ -125,7 +127,11 @@ def import_model(model: str | os.PathLike | onnx.ModelProto,
     def recording_convert(self: ONNXGraphImporter, op_name: str, inputs: list, attrs: dict,
                           opset: int) -> object:
         failed_ops.append(op_name)
-        result = convert(self, op_name, inputs, attrs, opset)
+        ours = CONVERTERS.get(op_name)
+        result = None if ours is None else ours(self.bb, inputs, attrs,
+                                                [self._nodes, self._params])
+        if result is None:
+            result = convert(self, op_name, inputs, attrs, opset)
         failed_ops.pop()
         return result
 
