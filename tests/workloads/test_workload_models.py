@@ -49,7 +49,7 @@ def test_stale_cache_file_is_re_exported(cache: Path, monkeypatch: pytest.Monkey
     calls = []
 
     def fake_export(name: str, size: str, path: Path | None = None,
-                    layers: int | None = None) -> onnx.ModelProto:
+                    layers: int | None = None, dynamic: bool = False) -> onnx.ModelProto:
         calls.append((name, size, path))
         fresh = onnx.helper.make_model(onnx.helper.make_graph([], "new", [], []))
         set_metadata(fresh, models.EXPORT_KEY, models.spec(name, size).fingerprint())
@@ -123,3 +123,13 @@ def test_model_ci_export_matches_torch(name: str, shared_cache: Path) -> None:
         tol = 1e-2 if g.dtype == np.float16 else 1e-4
         assert np.isfinite(g).all()
         np.testing.assert_allclose(g, w.numpy(), rtol=tol, atol=tol)
+
+
+def test_dynamic_exports_have_their_own_fingerprint_and_file() -> None:
+    static, dynamic = models.spec("bert_layer", "ci"), models.spec("bert_layer", "ci",
+                                                                  dynamic=True)
+    assert dynamic.dynamic and "dynamic batch and seq" in dynamic.summary
+    assert static.fingerprint() != dynamic.fingerprint()
+    assert workloads.cached_path("bert_layer", "ci", dynamic=True).name == \
+        "bert_layer-ci-dynamic.onnx"
+    assert [t.axes for t in dynamic.inputs] == [("batch", "seq")] * 2

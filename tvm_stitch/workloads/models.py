@@ -52,6 +52,20 @@ INSTALL_HINT = (
 )
 
 
+STATIC_ONLY = {
+    "swin": "its window shapes fold to constants only with static inputs",
+    "mlp_backward": "its backward graph is traced at one shape (make_fx)",
+    "t5": "with a run-time sequence both flows differ from onnxruntime above 16 tokens "
+          "(0.078 at 32): the relative-position buckets, computed at run time from "
+          "log(distance / 8) and truncated, land in other buckets (the static export folds "
+          "them into constants)",
+}
+"""Architectures exported with static shapes only, and why."""
+
+TOKENS = ("batch", "seq")
+"""The dynamic axes of a batch of sequences."""
+
+
 class ModelsExtraMissing(ImportError):
     """Raised when a model must be exported but torch, transformers or onnxscript is missing."""
 
@@ -64,6 +78,7 @@ class TensorSpec:
     shape: tuple[int, ...]
     dtype: str
     dist: Dist = field(default_factory=normal)
+    axes: tuple[str, ...] = ()  # the name of each dynamic axis, "" for a static one
 
 
 @dataclass(frozen=True)
@@ -78,6 +93,7 @@ class ExportSpec:
     dynamo: bool = True
     opset: int = 18
     fold: bool = False  # fold shape computations with onnxruntime's basic graph optimizer
+    dynamic: bool = False  # export the inputs' named axes (TensorSpec.axes) dynamic
 
     @property
     def layers(self) -> int:
@@ -98,17 +114,33 @@ class ExportSpec:
         summary = self.summary.replace(f"{self.layers} layers, ", f"{layers} layers, ")
         return replace(self, config=config, summary=summary)
 
+    def with_dynamic_axes(self) -> ExportSpec:
+        """The same model exported with its batch and sequence axes dynamic (torch's
+        ``dynamic_shapes``, ONNX dim_params); ValueError for a model whose export needs
+        static shapes."""
+        if self.arch in STATIC_ONLY:
+            raise ValueError(f"{self.arch} exports with static shapes only: "
+                             f"{STATIC_ONLY[self.arch]}")
+        return replace(self, dynamic=True, summary=f"{self.summary}, dynamic "
+                       + " and ".join(dict.fromkeys(a for t in self.inputs for a in t.axes
+                                                    if a)))
+
     def fingerprint(self) -> str:
         """A hash of the spec, the seed and SCHEMA, stored in the file to detect stale caches."""
-        data = json.dumps([SCHEMA, SEED, asdict(self)], sort_keys=True, default=str)
+        fields = asdict(self)
+        if not self.dynamic:  # static exports keep the fingerprints they had before axes
+            del fields["dynamic"]
+            for t in fields["inputs"]:
+                del t["axes"]
+        data = json.dumps([SCHEMA, SEED, fields], sort_keys=True, default=str)
         return hashlib.sha256(data.encode()).hexdigest()[:16]
 
 
 def _token_inputs(batch: int, seq: int, vocab: int, mask: bool = False) -> tuple[TensorSpec, ...]:
-    ids = TensorSpec("input_ids", (batch, seq), "int64", integers(0, vocab))
+    ids = TensorSpec("input_ids", (batch, seq), "int64", integers(0, vocab), TOKENS)
     if not mask:
         return (ids,)
-    return ids, TensorSpec("attention_mask", (batch, seq), "int64", prefix(0, 1))
+    return ids, TensorSpec("attention_mask", (batch, seq), "int64", prefix(0, 1), TOKENS)
 
 
 def _transformer(arch: str, config: dict[str, Any], batch: int, seq: int, *, hidden: int,
@@ -141,7 +173,8 @@ def _vision(arch: str, layers: int, batch: int, image: int, patch: int, width: i
         summary += f", {heads} heads, window {window}"
     else:
         config.update(hidden_sizes=[width], num_stages=1)
-    inputs = (TensorSpec("pixel_values", (batch, 3, image, image), "float32"),)
+    inputs = (TensorSpec("pixel_values", (batch, 3, image, image), "float32",
+                         axes=("batch", "", "", "")),)
     # Swin exports with the legacy exporter only; its shape computations are then folded.
     return ExportSpec(arch, config, inputs, "last_hidden_state", summary,
                       dynamo=arch != "swin", opset=18 if arch != "swin" else 17,
@@ -197,10 +230,10 @@ def _t5(layers: int, batch: int, seq: int, hidden: int, heads: int, head_dim: in
 def _dien(layers: int, batch: int, seq: int, dim: int, attention_hidden: tuple[int, ...],
           mlp_hidden: tuple[int, ...]) -> ExportSpec:
     inputs = (
-        TensorSpec("user", (batch, dim), "float32"),
-        TensorSpec("target", (batch, dim), "float32"),
-        TensorSpec("behaviors", (batch, seq, dim), "float32"),
-        TensorSpec("behavior_mask", (batch, seq), "float32", prefix(0.0, 1.0)),
+        TensorSpec("user", (batch, dim), "float32", axes=("batch", "")),
+        TensorSpec("target", (batch, dim), "float32", axes=("batch", "")),
+        TensorSpec("behaviors", (batch, seq, dim), "float32", axes=(*TOKENS, "")),
+        TensorSpec("behavior_mask", (batch, seq), "float32", prefix(0.0, 1.0), TOKENS),
     )
     config = dict(dim=dim, attention_hidden=attention_hidden, mlp_hidden=mlp_hidden,
                   layers=layers)
@@ -283,16 +316,18 @@ for _model in ("gpt2_block", "llama_block"):
                                {size: _half(s) for size, s in SPECS[_model][1].items()})
 
 
-def spec(name: str, size: str, layers: int | None = None) -> ExportSpec:
+def spec(name: str, size: str, layers: int | None = None, dynamic: bool = False
+         ) -> ExportSpec:
     """The export spec of model workload ``name`` at ``size`` (with ``layers`` layers instead
-    of the size's ``LAYERS``)."""
+    of the size's ``LAYERS``; with ``dynamic``, its batch and sequence axes dynamic)."""
     if name not in SPECS:
         raise KeyError(f"unknown model workload {name!r}; known: {', '.join(SPECS)}")
     sizes = SPECS[name][1]
     if size not in sizes:
         raise ValueError(f"{name} has no size {size!r}; sizes: {', '.join(sizes)}")
     found = sizes[size]
-    return found if layers is None or layers == found.layers else found.deepened(layers)
+    found = found if layers is None or layers == found.layers else found.deepened(layers)
+    return found.with_dynamic_axes() if dynamic else found
 
 
 def cache_dir() -> Path:
@@ -303,11 +338,12 @@ def cache_dir() -> Path:
 
 
 def cached_path(name: str, size: str, directory: Path | None = None,
-                layers: int | None = None) -> Path:
+                layers: int | None = None, dynamic: bool = False) -> Path:
     """The cache file of model ``name`` at ``size`` (in ``directory``, default cache_dir());
-    a depth other than the size's own is named in the file name."""
+    a depth other than the size's own, and dynamic axes, are named in the file name."""
     depth = "" if layers is None or layers == LAYERS[size] else f"-{layers}layers"
-    return (directory or cache_dir()) / f"{name}-{size}{depth}.onnx"
+    axes = "-dynamic" if dynamic else ""
+    return (directory or cache_dir()) / f"{name}-{size}{depth}{axes}.onnx"
 
 
 def _require_extra(name: str) -> None:
@@ -344,14 +380,21 @@ def _torch_export(module: Any, example: tuple[Any, ...], spec: ExportSpec) -> on
 
     names = dict(input_names=[t.name for t in spec.inputs],
                  output_names=getattr(module, "output_names", [spec.output]))
+    axes = [{i: a for i, a in enumerate(t.axes) if a} if spec.dynamic else {}
+            for t in spec.inputs]
     with torch.no_grad(), _quiet_exporter():
         if spec.dynamo:
+            dims = {a: torch.export.Dim(a) for t in axes for a in t.values()}
+            shapes = tuple({i: dims[a] for i, a in t.items()} or None for t in axes)
             program = torch.onnx.export(module, example, None, dynamo=True, verbose=False,
-                                        opset_version=spec.opset, external_data=False, **names)
+                                        opset_version=spec.opset, external_data=False,
+                                        dynamic_shapes=shapes if spec.dynamic else None,
+                                        **names)
             return program.model_proto
         buffer = io.BytesIO()
+        dynamic_axes = {t.name: a for t, a in zip(spec.inputs, axes, strict=True) if a}
         torch.onnx.export(module, example, buffer, dynamo=False, opset_version=spec.opset,
-                          **names)
+                          dynamic_axes=dynamic_axes or None, **names)
         return onnx.load_from_string(buffer.getvalue())
 
 
@@ -374,14 +417,15 @@ def _fold_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def export_model(name: str, size: str, path: Path | None = None,
-                 layers: int | None = None) -> onnx.ModelProto:
-    """Export model workload ``name`` at ``size`` (``layers`` deep, default the size's) with
-    seeded weights; also save it at ``path``.
+                 layers: int | None = None, dynamic: bool = False) -> onnx.ModelProto:
+    """Export model workload ``name`` at ``size`` (``layers`` deep, default the size's; with
+    ``dynamic``, its batch and sequence axes dynamic) with seeded weights; also save it at
+    ``path``.
 
     Deterministic: the same spec, seed and library versions give byte-identical files.
     Raises ModelsExtraMissing when torch, transformers or onnxscript is not installed.
     """
-    export = spec(name, size, layers)
+    export = spec(name, size, layers, dynamic)
     _require_extra(name)
     import torch
 
@@ -411,16 +455,16 @@ def export_model(name: str, size: str, path: Path | None = None,
 
 
 def load_model(name: str, size: str, directory: Path | None = None,
-               layers: int | None = None) -> onnx.ModelProto:
-    """Model workload ``name`` at ``size`` (``layers`` deep, default the size's) from the cache
-    (``directory``, default cache_dir()), exported there first if missing or stale (see
-    export_model)."""
-    path = cached_path(name, size, directory, layers)
+               layers: int | None = None, dynamic: bool = False) -> onnx.ModelProto:
+    """Model workload ``name`` at ``size`` (``layers`` deep, default the size's; ``dynamic``
+    as for export_model) from the cache (``directory``, default cache_dir()), exported there
+    first if missing or stale (see export_model)."""
+    path = cached_path(name, size, directory, layers, dynamic)
     if path.exists():
         model = onnx.load(path)
-        if get_metadata(model, EXPORT_KEY) == spec(name, size, layers).fingerprint():
+        if get_metadata(model, EXPORT_KEY) == spec(name, size, layers, dynamic).fingerprint():
             return model
-    return export_model(name, size, path, layers)
+    return export_model(name, size, path, layers, dynamic)
 
 
 for _name, (_description, _sizes) in SPECS.items():

@@ -1,0 +1,76 @@
+"""Zoo models exported with dynamic batch and sequence axes (torch ``dynamic_shapes``): each
+compiles once per flow and serves every size tried (one token, a prime length, the ci size),
+matching onnxruntime, with no more stitched kernels or global bytes than TVM's fusion at any
+of them. The attention softmax over the symbolic sequence is stitched, not left to TVM."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from tvm_stitch import pipeline, verify
+from tvm_stitch.frontend.onnx import ModelError, import_model
+from tvm_stitch.plan import StitchPlan
+from tvm_stitch.target import cuda_target
+from tvm_stitch.workloads import models
+
+SIZES = {
+    # model: the dims each compiled module runs at (seq 1, a prime, the ci size)
+    "bert_layer": [{"batch": 1, "seq": 1}, {"batch": 2, "seq": 13}, {"batch": 2, "seq": 32}],
+    "dien_block": [{"batch": 1, "seq": 1}, {"batch": 3, "seq": 13}, {"batch": 16, "seq": 16}],
+    "convnext_block": [{"batch": 1}, {"batch": 3}],
+}
+
+
+@functools.cache
+def _compiled(name: str, flow: str):
+    model = models.load_model(name, "ci", dynamic=True)
+    return model, pipeline.lower(import_model(model), cuda_target(), flow)
+
+
+def _dim_params(model) -> set[str]:
+    return {d.dim_param for v in model.graph.input for d in v.type.tensor_type.shape.dim
+            if d.dim_param}
+
+
+@pytest.mark.parametrize("name", [n if n != "convnext_block" else pytest.param(
+    n, marks=pytest.mark.slow) for n in sorted(SIZES)])
+def test_one_compile_serves_every_size_with_no_more_than_tvm(name: str) -> None:
+    model, stitched = _compiled(name, "stitch")
+    _, baseline = _compiled(name, "baseline")
+    assert _dim_params(model) == set(SIZES[name][0]), "exported with dynamic axes"
+    for dims in SIZES[name]:
+        ours = verify.summarize(stitched, model, dims=dims)
+        tvms = verify.summarize(baseline, model, dims=dims)
+        assert ours["ok"] and tvms["ok"], (dims, ours, tvms)
+        assert ours["kernels"] <= tvms["kernels"], (dims, ours, tvms)
+        assert ours["global_bytes"] <= tvms["global_bytes"], (dims, ours, tvms)
+
+
+def test_the_attention_softmax_over_a_symbolic_sequence_is_stitched() -> None:
+    plan = StitchPlan.of_module(_compiled("bert_layer", "stitch")[1])
+    softmax = [g for g in plan.groups if any("softmax" in op for op in g.ops)]
+    assert softmax and all(g.mapping.length_expr == "seq" for g in softmax), str(plan)
+    assert not [f for f in plan.fallbacks if "reduction length" in f.reason], str(plan)
+
+
+def test_index_computations_from_shapes_keep_their_symbolic_shapes() -> None:
+    """BERT's position ids and padding mask come from ``Range(0, Shape(x)[1], 1)``: their
+    shapes stay ``(seq,)``, so the mask broadcasts to the scores' ``(batch, 2, seq, seq)``."""
+    main = import_model(models.load_model("bert_layer", "ci", dynamic=True))["main"]
+    text = main.script()
+    assert "range_len" not in text and 'R.Tensor((batch, seq, 64), dtype="float32")' in text
+
+
+@pytest.mark.parametrize("name", ["gpt2_block", "llama_block"])
+def test_models_whose_shape_computations_tvm_cannot_import_are_refused_naming_nodes(
+        name: str) -> None:
+    with pytest.raises(ModelError, match=r"failed on .*node.*\(Reshape\)"):
+        import_model(models.load_model(name, "ci", dynamic=True))
+
+
+@pytest.mark.parametrize("name", ["swin_block", "mlp_backward", "t5_block"])
+def test_models_exported_with_static_shapes_only_say_why(name: str) -> None:
+    with pytest.raises(ValueError, match="static shapes only"):
+        models.spec(name, "ci", dynamic=True)
