@@ -55,10 +55,11 @@ INSTALL_HINT = (
 STATIC_ONLY = {
     "swin": "its window shapes fold to constants only with static inputs",
     "mlp_backward": "its backward graph is traced at one shape (make_fx)",
-    "t5": "with a run-time sequence both flows differ from onnxruntime above 16 tokens "
-          "(0.078 at 32): the relative-position buckets, computed at run time from "
-          "log(distance / 8) and truncated, land in other buckets (the static export folds "
-          "them into constants)",
+    "t5": "with a run-time sequence its relative-position buckets are computed at run time, "
+          "int(log(distance / 8) / log(16) * 8), which is exactly 2 at distance 16: a log one "
+          "unit in the last place low (OpenCL allows 3, PoCL's log(2) is one low; CUDA's "
+          "fast-math log more) truncates to bucket 9, so both flows differ from onnxruntime "
+          "above 16 tokens (0.078 at 32); the static export folds the buckets into constants",
 }
 """Architectures exported with static shapes only, and why."""
 
