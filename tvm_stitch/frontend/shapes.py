@@ -8,6 +8,10 @@ and turns it into a fresh shape variable (``range_len_0``), unrelated to ``seq``
 broadcasts against scores of shape ``(batch, heads, seq, seq)`` to a tensor of unknown shape,
 and the importer fails at the next Reshape. With an integer start and step and a limit that
 is a shape value, the length is the expression ``ceil((limit - start) / step)`` itself.
+
+GPT-2 and LLaMA reshape a shape value (``1 + seq``) to one element before concatenating it
+into a shape, which TVM's Reshape refuses (it takes tensors): it becomes that one-element
+shape.
 """
 
 from __future__ import annotations
@@ -53,5 +57,22 @@ def convert_range(bb: relax.BlockBuilder, inputs: list, attrs: dict, params: lis
     return bb.normalize(relax.op.arange(_int64(start), _int64(limit), delta, str(dtype)))
 
 
-CONVERTERS: dict[str, Converter] = {"Range": convert_range}
+def convert_reshape(bb: relax.BlockBuilder, inputs: list, attrs: dict, params: list
+                    ) -> relax.Expr | None:
+    """``Reshape`` of a shape value (``seq + 1``, from Squeeze of a Shape) to one element as
+    that one-element shape, or to a scalar as the value itself; None (TVM's converter, which
+    takes tensors only) for anything else."""
+    data = inputs[0]
+    shape = get_constant(inputs[1], params)
+    if not tvm.ir.is_prim_expr(data) or not isinstance(shape, tvm.ir.GenericConst):
+        return None
+    dims = [int(d) for d in shape.value.numpy().reshape(-1)]
+    if not dims:
+        return data
+    if len(dims) == 1 and dims[0] in (1, -1):
+        return relax.ShapeExpr([_int64(data)])
+    return None
+
+
+CONVERTERS: dict[str, Converter] = {"Range": convert_range, "Reshape": convert_reshape}
 """Our converters by ONNX op type, tried before TVM's."""
