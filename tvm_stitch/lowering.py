@@ -9,9 +9,11 @@ runner, the traffic analysis and the CUDA compile checks all read this one struc
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
 import tvm
+import tvm_ffi
 from tvm import tirx
 from tvm.ir import IRModule
 from tvm.sym import Analyzer
@@ -54,6 +56,9 @@ class KernelLaunch:
     ``dynamic_shared_bytes`` is the dynamic shared memory the host gives each block (TVM's
     launch parameter ``tirx.use_dyn_shared_memory``), None for a kernel without any;
     ``cooperative`` says the kernel is launched cooperatively (``COOPERATIVE_TAG``).
+    ``loops`` are the host loops around the call, outermost first (a loop variable and its
+    extent, from 0): TVM's cumsum launches one kernel per round of a scan; the arguments and
+    extents are expressions of those variables (``LoweredFunc.launch_sequence`` expands them).
     """
 
     kernel: str
@@ -61,6 +66,17 @@ class KernelLaunch:
     launch: tuple[tuple[str, tvm.ir.PrimExpr], ...]
     dynamic_shared_bytes: tvm.ir.PrimExpr | None = None
     cooperative: bool = False
+    loops: tuple[tuple[tvm.ir.Var, tvm.ir.PrimExpr], ...] = ()
+
+    def at(self, values: dict[tvm.ir.Var, int]) -> KernelLaunch:
+        """This launch at one iteration of its host loops (``values`` of their variables)."""
+        consts = {v: tirx.IntImm(scalar_dtype(v), i) for v, i in values.items()}
+        return replace(
+            self, args=tuple(a if isinstance(a, BufferArg | WorkspaceArg)
+                             else _substituted(a, consts) for a in self.args),
+            launch=tuple((t, _substituted(e, consts)) for t, e in self.launch),
+            dynamic_shared_bytes=None if self.dynamic_shared_bytes is None
+            else _substituted(self.dynamic_shared_bytes, consts), loops=())
 
     def geometry(self, ana: Analyzer) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
         """Blocks per grid and threads per block, (x, y, z) each, under ``ana``'s bindings."""
@@ -88,6 +104,29 @@ class LoweredFunc:
     def kernel(self, name: str) -> tirx.PrimFunc:
         """The finalised device PrimFunc of kernel ``name``."""
         return self.device[name]
+
+    def launch_sequence(self, ana: Analyzer) -> list[KernelLaunch]:
+        """Every kernel call of one run, in order, under ``ana``'s shape bindings: the calls
+        inside host loops once per iteration, their loop variables substituted."""
+        out: list[KernelLaunch] = []
+
+        def expand(launch: KernelLaunch, depth: int, values: dict[tvm.ir.Var, int]) -> None:
+            if depth == len(launch.loops):
+                out.append(launch.at(values))
+                return
+            var, extent = launch.loops[depth]
+            consts = {v: tirx.IntImm(scalar_dtype(v), i) for v, i in values.items()}
+            count = evaluate_int(ana, _substituted(extent, consts),
+                                 f"{self.name} host loop over {var.name}")
+            for i in range(count):
+                expand(launch, depth + 1, {**values, var: i})
+
+        for launch in self.launches:
+            if launch.loops:
+                expand(launch, 0, {})
+            else:
+                out.append(launch)
+        return out
 
     def source(self) -> str:
         """Device source code (OpenCL C or CUDA C) of every kernel, as TVM emits it."""
@@ -198,6 +237,14 @@ the driver refuses a grid whose blocks cannot all be resident at once. A PrimFun
 by listing it in its ``tirx.kernel_launch_params`` attribute."""
 
 
+def _substituted(expr: tvm.ir.PrimExpr, values: Mapping[tvm.ir.Var, tvm.ir.PrimExpr]
+                 ) -> tvm.ir.PrimExpr:
+    """``expr`` with the variables of ``values`` replaced."""
+    if not values:
+        return expr
+    return tvm_ffi.structural_map(expr, [(tvm.ir.Var, lambda v: values.get(v, v))])
+
+
 def _read_host(host: tirx.PrimFunc, name: str, device: IRModule
                ) -> tuple[list[tuple[tvm.ir.Var, tvm.ir.PrimExpr]], list[KernelLaunch],
                           list[Workspace]]:
@@ -208,6 +255,8 @@ def _read_host(host: tirx.PrimFunc, name: str, device: IRModule
     workspace_vars: list[tvm.ir.Var] = []
     buffer_params = [p for p in host.params if _is_buffer_param(p)]
     aliases: list[tuple[tvm.ir.Var, tvm.ir.PrimExpr]] = []  # declared buffer -> its data
+    loops: list[tuple[tvm.ir.Var, tvm.ir.PrimExpr]] = []  # host loops around the statement
+    local: dict[tvm.ir.Var, tvm.ir.PrimExpr] = {}  # bindings inside them, substituted
 
     def argument(expr: tvm.ir.PrimExpr) -> BufferArg | WorkspaceArg | tvm.ir.PrimExpr:
         while isinstance(expr, tvm.ir.Call) and expr.op.name == "tirx.buffer_data":
@@ -228,8 +277,16 @@ def _read_host(host: tirx.PrimFunc, name: str, device: IRModule
         if isinstance(stmt, tirx.SeqStmt):
             for s in stmt.seq:
                 visit(s)
+        elif isinstance(stmt, tirx.Bind) and loops:  # may vary with the loop: substituted
+            local[stmt.var] = _substituted(stmt.value, local)
         elif isinstance(stmt, tirx.Bind):
             binds.append((stmt.var, stmt.value))
+        elif isinstance(stmt, tirx.For) and stmt.kind == tirx.ForKind.SERIAL:
+            if not (isinstance(stmt.min, tirx.IntImm) and int(stmt.min) == 0):
+                raise LoweringError(f"{name}: host loop over {stmt.loop_var} from {stmt.min}")
+            loops.append((stmt.loop_var, _substituted(stmt.extent, local)))
+            visit(stmt.body)
+            loops.pop()
         elif isinstance(stmt, tirx.DeclBuffer):
             aliases.append((stmt.buffer, stmt.data))
         elif isinstance(stmt, tirx.AllocBuffer) and stmt.buffer.scope() == "global":
@@ -248,7 +305,7 @@ def _read_host(host: tirx.PrimFunc, name: str, device: IRModule
             kernel = str(call.args[0].value)
             params = device[kernel].params
             tags = [str(t) for t in call.attrs.launch_params]
-            values = list(call.args[1:])
+            values = [_substituted(v, local) for v in call.args[1:]]
             args, extents = values[: len(params)], values[len(params):]
             dynamic_shared = None
             if _DYNAMIC_SHARED_TAG in tags:
@@ -258,7 +315,7 @@ def _read_host(host: tirx.PrimFunc, name: str, device: IRModule
             tags = [t for t in tags if t != COOPERATIVE_TAG]
             launches.append(KernelLaunch(kernel, tuple(argument(a) for a in args),
                                          tuple(zip(tags, extents, strict=True)),
-                                         dynamic_shared, cooperative))
+                                         dynamic_shared, cooperative, tuple(loops)))
         else:
             raise LoweringError(
                 f"{name}: host code has a {type(stmt).__name__}, which the launcher cannot run"

@@ -251,7 +251,7 @@ class _Lowered:
     def reports(self, host: Analyzer, exact_guards: bool) -> list[KernelReport]:
         """One report per kernel launch, with shapes bound in ``host``."""
         reports = []
-        for launch in self.func.launches:
+        for launch in self.func.launch_sequence(host):
             what = f"{self.func.name}/{launch.kernel}"
             try:
                 grid, block = launch.geometry(host)

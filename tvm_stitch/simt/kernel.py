@@ -154,7 +154,7 @@ class SimtFunction:
                 evaluate_int(ana, d, f"{low.name} workspace size") for d in w.shape)))
             for w in low.workspaces
         ]
-        for launch in low.launches:
+        for launch in low.launch_sequence(ana):
             kernel = low.kernel(launch.kernel)
             grid, group = launch.geometry(ana)
             if 0 in grid or 0 in group:

@@ -138,7 +138,7 @@ def _launches(scheduled: IRModule, arch: str) -> Iterator[tuple[str, KernelLaunc
                                      f"shape {list(p.shape)}; resources need static shapes")
                 shapes.append(tuple(int(d) for d in p.shape))
         ana = lowered.bind_shapes(shapes)
-        for launch in lowered.launches:
+        for launch in lowered.launch_sequence(ana):
             yield gv.name_hint, launch, ana, lowered
 
 
