@@ -1,11 +1,14 @@
 """Every workload, every available flow, side by side: kernels, traffic, roofline estimates.
 
     python scripts/bench.py --size ci|real --json PATH --md PATH [--workloads a,b] [--flows f,g]
-                            [--layers N]
+                            [--layers N] [--dynamic]
 
 At ``ci`` size each compiled model also runs on the CPU SIMT runner and is compared with
 onnxruntime (``max_abs_err``); at ``real`` size that column is null. Figures are counted from
-the scheduled TIR (see ``tvm_stitch.analysis``), not timed.
+the scheduled TIR (see ``tvm_stitch.analysis``), not timed. With ``--dynamic`` the model
+workloads are exported with dynamic batch and sequence axes, compiled once, symbolic, and
+counted (and run) at the sizes of the example inputs they were exported with, which the size
+column names; the micro workloads and the models exported static only are left out.
 """
 
 from __future__ import annotations
@@ -28,10 +31,12 @@ from tvm_stitch.workloads import models
 GPUS = ("H200", "A100", "V100")
 
 
-def bench_flow(model, flow: str, size: str, target: str) -> dict:
-    """Figures of one workload compiled with one flow."""
+def bench_flow(model, flow: str, size: str, target: str, dims: dict[str, int] | None = None
+               ) -> dict:
+    """Figures of one workload compiled with one flow, symbolic dimensions counted at
+    ``dims``."""
     scheduled = verify.compile_model(model, flow, target)
-    report = analysis.analyze(scheduled).to_dict()
+    report = analysis.analyze(scheduled, shape_vars=dims).to_dict()
     row = {k: report[k] for k in ("kernels", "mem_kernels", "global_bytes", "traffic_ratio",
                                   "dram_bytes", "dram_ratio", "roofline_us")}
     kernels = report["per_kernel"]
@@ -40,7 +45,7 @@ def bench_flow(model, flow: str, size: str, target: str) -> dict:
     row["waves"] = [round(k["waves"]["H200"], 3) for k in kernels]
     row["grid_barriers"] = sum(count_grid_barriers(f) for f in scheduled.functions.values()
                                if isinstance(f, tirx.PrimFunc))
-    check = verify.run_simt(scheduled, model) if size == "ci" else None
+    check = verify.run_simt(scheduled, model, dims=dims) if size == "ci" else None
     row["max_abs_err"] = check.max_abs_err if check else None
     row["ok"] = check.ok if check else None
     row["compulsory_bytes"] = report["compulsory_bytes"]
@@ -48,21 +53,30 @@ def bench_flow(model, flow: str, size: str, target: str) -> dict:
 
 
 def bench(names: list[str], flows: list[str], size: str, target: str,
-          layers: int | None = None) -> dict:
-    """Run the benchmark (model workloads ``layers`` deep, default their size's depth);
+          layers: int | None = None, dynamic: bool = False) -> dict:
+    """Run the benchmark (model workloads ``layers`` deep, default their size's depth; with
+    ``dynamic``, only the model workloads that export with dynamic axes, exported so);
     failures are recorded per workload and flow, never hidden."""
+    if dynamic:
+        names = [n for n in names if workloads.get(n).kind == "model"
+                 and models.spec(n, size).arch not in models.STATIC_ONLY]
     rows = []
     bar = tqdm(total=len(names) * len(flows), unit="compile", desc="bench", disable=None)
     for name in names:
         workload = workloads.get(name)
-        deep = layers is not None and workload.kind == "model"
-        model = models.load_model(name, size, layers=layers) if deep else workload.model(size)
-        described = models.spec(name, size, layers).summary if deep else workload.sizes[size]
+        deep = (layers is not None or dynamic) and workload.kind == "model"
+        model = (models.load_model(name, size, layers=layers, dynamic=dynamic) if deep
+                 else workload.model(size))
+        spec = models.spec(name, size, layers, dynamic) if deep else None
+        described = spec.summary if deep else workload.sizes[size]
+        dims = spec.example_dims if dynamic else None
+        if dims:
+            described += ", counted at " + ", ".join(f"{d}={v}" for d, v in dims.items())
         entry: dict = {"name": name, "size": described, "pipelines": {}}
         for flow in flows:
             start = time.perf_counter()
             try:
-                result = bench_flow(model, flow, size, target)
+                result = bench_flow(model, flow, size, target, dims)
                 entry["compulsory_bytes"] = result.pop("compulsory_bytes")
             except Exception as err:  # a crash in one flow must not hide the others' figures
                 result = {"error": f"{type(err).__name__}: {err}".splitlines()[0]}
@@ -124,10 +138,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", default=DEFAULT_TARGET)
     parser.add_argument("--layers", type=int,
                         help="depth of the model workloads (default: 2 at ci, 4 at real)")
+    parser.add_argument("--dynamic", action="store_true",
+                        help="the model workloads exported with dynamic batch and sequence "
+                             "axes, counted at their example sizes")
     args = parser.parse_args(argv)
     names = args.workloads.split(",") if args.workloads else workloads.names()
     flows = args.flows.split(",") if args.flows else pipeline.available_flows()
-    result = bench(names, flows, args.size, args.target, args.layers)
+    result = bench(names, flows, args.size, args.target, args.layers, args.dynamic)
     table = markdown(result, flows)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
@@ -136,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
                            "Counted from the scheduled TIR (no GPU timing); regenerate with\n"
                            f"`python scripts/bench.py --size {args.size}"
                            + (f" --layers {args.layers}" if args.layers else "")
+                           + (" --dynamic" if args.dynamic else "")
                            + (f" --json {args.json}" if args.json else "")
                            + f" --md {args.md}`.\n\n"
                            + table)

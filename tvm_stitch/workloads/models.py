@@ -126,6 +126,11 @@ class ExportSpec:
                        + " and ".join(dict.fromkeys(a for t in self.inputs for a in t.axes
                                                     if a)))
 
+    @property
+    def example_dims(self) -> dict[str, int]:
+        """The size of each named axis in the example inputs the model is exported with."""
+        return {a: d for t in self.inputs for a, d in zip(t.axes, t.shape, strict=False) if a}
+
     def fingerprint(self) -> str:
         """A hash of the spec, the seed and SCHEMA, stored in the file to detect stale caches."""
         fields = asdict(self)
