@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 
 import pytest
+from stitch_helpers import compile_cuda, module_cuda_source, spills, stack_frames
 
 from tvm_stitch import pipeline, verify
 from tvm_stitch.frontend.onnx import import_model
@@ -71,3 +72,12 @@ def test_index_computations_from_shapes_keep_their_symbolic_shapes() -> None:
 def test_models_exported_with_static_shapes_only_say_why(name: str) -> None:
     with pytest.raises(ValueError, match="static shapes only"):
         models.spec(name, "ci", dynamic=True)
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_the_kernels_compile_without_spills_or_stack(arch: str) -> None:
+    report = compile_cuda(module_cuda_source(_compiled("gpt2_block", "stitch")[1], arch), arch)
+    found = spills(report)
+    assert found and all(s == (0, 0) for s in found), report
+    assert set(stack_frames(report)) == {0}, report
