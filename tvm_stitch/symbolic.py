@@ -15,11 +15,26 @@ import zlib
 from math import prod
 
 import tvm
+import tvm_ffi
 from tvm import tirx
 from tvm.sym import Analyzer
 
 SYMBOLIC = 1 << 40
 """Every stand-in, and so every count that involves a symbolic dimension, is at least this."""
+
+
+YARDSTICK_SIZE = 256
+"""The size every symbolic dimension is counted at when a stitched kernel is weighed against
+TVM's kernels for the same ops (``transform.yardstick``): a real length, unlike a stand-in,
+so that both sides' TIR counts; bytes of these kernels scale alike with it."""
+
+
+def shape_var_names(exprs) -> set[str]:
+    """Names of the shape variables in the expressions ``exprs``."""
+    found: list[tvm.ir.Var] = []
+    for e in exprs:
+        tvm_ffi.structural_walk(e, [(tvm.ir.Var, found.append)])
+    return {str(v.name) for v in found}
 
 
 def stand_in(name: str) -> int:

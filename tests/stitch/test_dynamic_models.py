@@ -13,6 +13,7 @@ from stitch_helpers import compile_cuda, module_cuda_source, spills, stack_frame
 from tvm_stitch import pipeline, verify
 from tvm_stitch.frontend.onnx import import_model
 from tvm_stitch.plan import StitchPlan
+from tvm_stitch.symbolic import YARDSTICK_SIZE
 from tvm_stitch.target import cuda_target
 from tvm_stitch.workloads import models
 
@@ -81,3 +82,13 @@ def test_the_kernels_compile_without_spills_or_stack(arch: str) -> None:
     found = spills(report)
     assert found and all(s == (0, 0) for s in found), report
     assert set(stack_frames(report)) == {0}, report
+
+
+def test_groups_of_symbolic_shape_are_weighed_against_tvm_at_one_size() -> None:
+    """The yardstick counts a stitched kernel of symbolic shape and TVM's kernels for the
+    same ops at YARDSTICK_SIZE for every dimension: BERT's embedding gathers, stitched, would
+    re-read more than TVM's kernels, and fall back saying so."""
+    plan = StitchPlan.of_module(_compiled("bert_layer", "stitch")[1])
+    weighed = [f for f in plan.fallbacks if f"at batch={YARDSTICK_SIZE}, seq={YARDSTICK_SIZE}, "
+               "TVM's fusion of the same ops" in f.reason]
+    assert any("lv21:take1" in f.ops for f in weighed), str(plan)

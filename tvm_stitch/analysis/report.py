@@ -281,11 +281,7 @@ def _bind_free_shape_vars(ana: Analyzer, kernel: tirx.PrimFunc, func: LoweredFun
     parameters (TVM's common-subexpression pass passes ``batch * seq`` instead of ``batch``,
     leaving ``batch`` free in the declaration of a ``(batch, 32)`` buffer), by name, to the
     host's values."""
-    found: list[tvm.ir.Var] = []
-    for p in func.params:
-        for d in getattr(p, "shape", ()):
-            tvm_ffi.structural_walk(d, [(tvm.ir.Var, found.append)])
-    host_vars = {str(v.name): v for v in found}
+    host_vars = {str(v.name): v for v in _shape_vars_of(func.params)}
     named: list[tvm.ir.Var] = []
     tvm_ffi.structural_walk(kernel.body, [(tvm.ir.Var, named.append)])
     params = {str(p.name) for p in kernel.params}
@@ -338,11 +334,31 @@ def analyze_primfunc(func: tirx.PrimFunc, shapes: Sequence[Sequence[int]] | None
     return _static_reports(lowered, shapes, scalars, exact_guards)
 
 
-def lowered_reports(lowered: LoweredFunc, memory_intensive: bool = True
-                    ) -> list[KernelReport]:
-    """Kernel reports of a PrimFunc already lowered (``tvm_stitch.lowering.lower``) whose
-    buffer shapes are static; raises AnalysisError otherwise."""
-    return _static_reports(_Lowered(lowered, memory_intensive, None), None, None, True)
+def lowered_reports(lowered: LoweredFunc, memory_intensive: bool = True,
+                    shape_vars: Mapping[str, int] | None = None) -> list[KernelReport]:
+    """Kernel reports of a PrimFunc already lowered (``tvm_stitch.lowering.lower``), its
+    symbolic dimensions at the sizes ``shape_vars`` gives by name (scalar parameters too);
+    raises AnalysisError for a dimension without a size."""
+    shapes, scalars = None, None
+    if shape_vars:
+        ana = Analyzer()
+        params = lowered.params
+        for var in _shape_vars_of(params):
+            if str(var.name) in shape_vars:
+                ana.bind(var, tirx.IntImm(scalar_dtype(var), shape_vars[str(var.name)]))
+        shapes = [[_integer(ana, d, f"{lowered.name}: shape of {p.name}") for d in p.shape]
+                  for p in params if isinstance(p.ty, tirx.BufferType)]
+        scalars = {p.name: shape_vars[p.name] for p in params
+                   if not isinstance(p.ty, tirx.BufferType) and p.name in shape_vars}
+    return _static_reports(_Lowered(lowered, memory_intensive, None), shapes, scalars, True)
+
+
+def _shape_vars_of(params: Sequence[tvm.ir.Var]) -> list[tvm.ir.Var]:
+    found: list[tvm.ir.Var] = []
+    for p in params:
+        for d in getattr(p, "shape", ()):
+            tvm_ffi.structural_walk(d, [(tvm.ir.Var, found.append)])
+    return found
 
 
 def _static_reports(lowered: _Lowered, shapes: Sequence[Sequence[int]] | None,

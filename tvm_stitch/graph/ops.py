@@ -18,7 +18,7 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
-from ..symbolic import dim_value, is_symbolic, shape_values
+from ..symbolic import dim_value, is_symbolic, shape_values, shape_var_names
 from .copies import Copy, copy_kind
 
 # TVM's OpPatternKind values, as AnnotateTIROpPattern writes them into "op_pattern".
@@ -115,7 +115,8 @@ def classify(func: tirx.PrimFunc, num_outputs: int = 1) -> OpInfo:
                       unsupported="output shape with a dimension that is not a product of "
                                   "shape variables")
     inputs = params[: len(params) - num_outputs]
-    undefined = _shape_vars(params[len(inputs):]) - _shape_vars(inputs)
+    undefined = (shape_var_names(d for p in params[len(inputs):] for d in p.shape)
+                 - shape_var_names(d for p in inputs for d in p.shape))
     if undefined:
         return OpInfo(OpKind.OPAQUE, pattern, out_shape, detail="shape from no input",
                       unsupported=f"its output's shape uses {', '.join(sorted(undefined))}, "
@@ -165,15 +166,6 @@ def classify(func: tirx.PrimFunc, num_outputs: int = 1) -> OpInfo:
         return OpInfo(OpKind.ROW_REDUCE, **{**base, "detail": "different row counts"},
                       unsupported="its reductions use different row counts")
     return OpInfo(OpKind.ROW_REDUCE, **base, rows=rows.pop(), row_length=max(lengths))
-
-
-def _shape_vars(buffers: list[tirx.Buffer]) -> set[str]:
-    """Names of the shape variables in the shapes of ``buffers``."""
-    found: list[tvm.ir.Var] = []
-    for b in buffers:
-        for d in b.shape:
-            tvm_ffi.structural_walk(d, [(tvm.ir.Var, found.append)])
-    return {str(v.name) for v in found}
 
 
 def _pattern(func: tirx.PrimFunc) -> int | None:

@@ -35,7 +35,7 @@ from ..schedule.rows import Unstitchable, error_summary
 from ..schedule.rule import contraction_rules, is_scheduled, pads_matmul, schedule_func
 from .outline import outline
 from .unwrap_indices import unwrap_indices
-from .yardstick import Yardstick, global_bytes
+from .yardstick import Yardstick, global_bytes, yardstick_sizes
 
 logger = logging.getLogger(__name__)
 
@@ -200,11 +200,12 @@ def _decide_all(fused: IRModule, draft: Draft, names: dict[int | str, str],
             for decided in decisions_for(task):
                 # a Global group's partial sums make a round trip through global memory by
                 # design, bought for parallelism where TVM's kernel leaves most of the GPU idle
+                sizes = yardstick_sizes(func) or None  # symbolic shapes: counted at these
                 moved = None if decided.lowered is None else global_bytes(
                     decided.lowered,
-                    {p.name for p in func.params} if decided.group.phases else None)
+                    {p.name for p in func.params} if decided.group.phases else None, sizes)
                 worse = None if yardstick is None or moved is None else yardstick.excess(
-                    frozenset(n.var for n in og.nodes), moved)
+                    frozenset(n.var for n in og.nodes), moved, sizes)
                 if not worse:
                     groups.append(decided.group)
                     break

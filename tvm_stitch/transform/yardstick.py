@@ -23,11 +23,21 @@ from ..analysis import AnalysisError, lowered_reports
 from ..graph.tvm_fusion import TVMFusion
 from ..lowering import LoweredFunc, lower
 from ..schedule.rule import default_rules, schedule_func
+from ..symbolic import YARDSTICK_SIZE, shape_var_names
 
 
-def global_bytes(lowered: LoweredFunc, persistent_params: set[str] | None = None
-                 ) -> int | None:
-    """Global bytes all kernels of ``lowered`` move; None when its shapes are symbolic.
+def yardstick_sizes(func: tirx.PrimFunc) -> dict[str, int]:
+    """``YARDSTICK_SIZE`` for every shape variable of ``func``'s parameters."""
+    names = shape_var_names(d for p in func.params if isinstance(p.ty, tirx.BufferType)
+                            for d in p.shape)
+    names |= {p.name for p in func.params if not isinstance(p.ty, tirx.BufferType)}
+    return dict.fromkeys(sorted(names), YARDSTICK_SIZE)
+
+
+def global_bytes(lowered: LoweredFunc, persistent_params: set[str] | None = None,
+                 sizes: dict[str, int] | None = None) -> int | None:
+    """Global bytes all kernels of ``lowered`` move, symbolic dimensions at ``sizes``; None
+    when a dimension has no size.
 
     For a Global group give its PrimFunc's parameters (``persistent_params``): its inputs
     count as read, its outputs once each, and its scratch buffers (partial sums) not at all.
@@ -35,7 +45,7 @@ def global_bytes(lowered: LoweredFunc, persistent_params: set[str] | None = None
     a few rows of sums that stay in L2, bought for the parallelism TVM's column reductions
     and long rows lack; what it reads of its inputs is compared like any kernel's."""
     try:
-        reports = lowered_reports(lowered)
+        reports = lowered_reports(lowered, shape_vars=sizes)
     except AnalysisError:
         return None
     if persistent_params is None:
@@ -56,27 +66,32 @@ class Yardstick:
         self._fusion = fusion
         self._target = target
         self._fused_tir = None
-        self._bytes: dict[str, int | None] = {}
+        self._bytes: dict[tuple, int | None] = {}
 
-    def excess(self, members: frozenset[relax.Var], stitched: int) -> str | None:
+    def excess(self, members: frozenset[relax.Var], stitched: int,
+               sizes: dict[str, int] | None = None) -> str | None:
         """Why a stitched kernel of the ops ``members`` moving ``stitched`` bytes is worse
         than TVM's fusion of the same ops, or None when it is not (or cannot be compared:
-        TVM fuses some of them with other ops, or a shape is symbolic)."""
+        TVM fuses some of them with other ops). ``sizes`` are the sizes the stitched kernel
+        was counted at when its shapes are symbolic (``yardstick_sizes``); TVM's kernels are
+        counted at the same."""
         covering = [g for g in self._fusion.groups if g.members & members]
         if not covering or any(not g.members <= members for g in covering):
             return None
         least = [g.compulsory_bytes for g in covering]
-        if None in least or stitched <= sum(least):
+        if None not in least and stitched <= sum(least):
             return None
-        moved = [0 if g.compulsory_bytes == 0 else self._kernel_bytes(g.function)
+        moved = [0 if g.compulsory_bytes == 0 else self._kernel_bytes(g.function, sizes)
                  for g in covering]  # 0: a reshape, which TVM makes a view
         if None in moved or stitched <= sum(moved):
             return None
-        return (f"the stitched kernel moves {stitched} B of global memory, TVM's fusion of the "
-                f"same ops {sum(moved)} B in {len(covering)} kernel(s)")
+        at = "" if not sizes else " at " + ", ".join(f"{k}={v}" for k, v in sizes.items())
+        return (f"the stitched kernel moves {stitched} B of global memory{at}, TVM's fusion of "
+                f"the same ops {sum(moved)} B in {len(covering)} kernel(s)")
 
-    def _kernel_bytes(self, function: str) -> int | None:
-        if function not in self._bytes:
+    def _kernel_bytes(self, function: str, sizes: dict[str, int] | None) -> int | None:
+        key = (function, tuple(sorted((sizes or {}).items())))
+        if key not in self._bytes:
             if self._fused_tir is None:
                 self._fused_tir = relax.transform.FuseTIR()(self._fusion.fused)
             func = self._fused_tir[function]
@@ -84,6 +99,14 @@ class Yardstick:
             if isinstance(func, tirx.PrimFunc):
                 with self._target:
                     scheduled = schedule_func(func, self._target, default_rules())
-            self._bytes[function] = None if scheduled is None else global_bytes(
-                lower(scheduled, function, self._target))
-        return self._bytes[function]
+            self._bytes[key] = None if scheduled is None else global_bytes(
+                lower(scheduled, function, self._target), sizes=self._sizes_of(func, sizes))
+        return self._bytes[key]
+
+    @staticmethod
+    def _sizes_of(func: object, sizes: dict[str, int] | None) -> dict[str, int] | None:
+        """``sizes`` for the shape variables of TVM's kernel ``func``, each at
+        ``YARDSTICK_SIZE`` where the stitched kernel has no such variable."""
+        if not sizes or not isinstance(func, tirx.PrimFunc):
+            return sizes
+        return {**yardstick_sizes(func), **sizes}
