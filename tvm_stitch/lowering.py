@@ -70,7 +70,7 @@ class KernelLaunch:
 
     def at(self, values: dict[tvm.ir.Var, int]) -> KernelLaunch:
         """This launch at one iteration of its host loops (``values`` of their variables)."""
-        consts = {v: tirx.IntImm(scalar_dtype(v), i) for v, i in values.items()}
+        consts = _constants(values)
         return replace(
             self, args=tuple(a if isinstance(a, BufferArg | WorkspaceArg)
                              else _substituted(a, consts) for a in self.args),
@@ -115,8 +115,7 @@ class LoweredFunc:
                 out.append(launch.at(values))
                 return
             var, extent = launch.loops[depth]
-            consts = {v: tirx.IntImm(scalar_dtype(v), i) for v, i in values.items()}
-            count = evaluate_int(ana, _substituted(extent, consts),
+            count = evaluate_int(ana, _substituted(extent, _constants(values)),
                                  f"{self.name} host loop over {var.name}")
             for i in range(count):
                 expand(launch, depth + 1, {**values, var: i})
@@ -235,6 +234,10 @@ COOPERATIVE_TAG = "tirx.use_cooperative_launch"
 """TVM's launch parameter of a kernel launched cooperatively (``cuLaunchCooperativeKernel``):
 the driver refuses a grid whose blocks cannot all be resident at once. A PrimFunc asks for it
 by listing it in its ``tirx.kernel_launch_params`` attribute."""
+
+
+def _constants(values: Mapping[tvm.ir.Var, int]) -> dict[tvm.ir.Var, tvm.ir.PrimExpr]:
+    return {v: tirx.IntImm(scalar_dtype(v), i) for v, i in values.items()}
 
 
 def _substituted(expr: tvm.ir.PrimExpr, values: Mapping[tvm.ir.Var, tvm.ir.PrimExpr]
