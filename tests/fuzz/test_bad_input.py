@@ -102,12 +102,15 @@ def test_column_reduction_is_a_listed_fallback_with_right_numbers(flow: str) -> 
     assert check_model(model, flow).kind == "ok"
 
 
-@pytest.mark.parametrize(("shape", "stitched"), [(["n", 40], True), ([5, "k"], False)])
-def test_symbolic_shapes_stitch_or_fall_back_and_run(shape: list, stitched: bool,
+@pytest.mark.parametrize(("shape", "axis", "stitched"),
+                         [(["n", 40], -1, True), ([5, "k"], -1, True), (["n", 40], 0, False)])
+def test_symbolic_shapes_stitch_or_fall_back_and_run(shape: list, axis: int, stitched: bool,
                                                      flow: str) -> None:
-    """A symbolic row count stitches (its grid is computed at run time); a symbolic row
-    length falls back to TVM with the reason in the plan. Both run right."""
-    model = make_model([helper.make_node("Softmax", ["x"], ["y"], axis=-1)],
+    """A symbolic row count stitches (its grid is computed at run time), and so does a
+    symbolic row length (the row walked at run time); a symbolic length reduced over the
+    first axis (a column reduction) falls back to TVM with the reason in the plan. All run
+    right."""
+    model = make_model([helper.make_node("Softmax", ["x"], ["y"], axis=axis)],
                        {"x": (shape, F32)}, {"y": (shape, F32)})
     scheduled = verify.compile_model(model, flow)
     plan = StitchPlan.of_module(scheduled)
@@ -116,8 +119,8 @@ def test_symbolic_shapes_stitch_or_fall_back_and_run(shape: list, stitched: bool
         assert stitched or any("symbolic" in f.reason for f in plan.fallbacks)
     x = np.random.default_rng(0).standard_normal((5, 40)).astype(np.float32)
     (y,) = SimtModule(scheduled)(x)
-    e = np.exp(x - x.max(-1, keepdims=True))
-    np.testing.assert_allclose(y, e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
+    e = np.exp(x - x.max(axis, keepdims=True))
+    np.testing.assert_allclose(y, e / e.sum(axis, keepdims=True), rtol=1e-5, atol=1e-6)
 
 
 def test_matmul_splits_the_graph_and_numbers_stay_right(flow: str) -> None:

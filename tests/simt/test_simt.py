@@ -136,17 +136,31 @@ def test_whole_module_with_reshape_view() -> None:
     np.testing.assert_allclose(out, 3 * _softmax(x).reshape(4, 600), rtol=1e-5, atol=1e-6)
 
 
-def test_host_code_it_cannot_follow_is_refused() -> None:
+def test_a_host_loop_launches_once_per_iteration() -> None:
     @T.prim_func(s_tir=True)
     def host_loop(a: T.Buffer((4, 32), "float32")):
         for i in range(4):
             for tx in T.thread_binding(32, thread="threadIdx.x"):
                 with T.sblock("b"):
                     vi, vj = T.axis.remap("SS", [i, tx])
-                    a[vi, vj] = a[vi, vj] + T.float32(1)
+                    a[vi, vj] = a[vi, vj] * T.float32(2) + T.float32(vi)
+
+    a = np.ones((4, 32), "float32")
+    SimtFunction.from_primfunc(host_loop, "host_loop")(a)
+    np.testing.assert_array_equal(a, 2 + np.arange(4, dtype="float32")[:, None] + 0 * a)
+
+
+def test_host_code_it_cannot_follow_is_refused() -> None:
+    @T.prim_func(s_tir=True)
+    def host_branch(a: T.Buffer((4, 32), "float32"), n: T.int64):
+        if n > 2:
+            for tx in T.thread_binding(32, thread="threadIdx.x"):
+                with T.sblock("b"):
+                    vj = T.axis.spatial(32, tx)
+                    a[0, vj] = a[0, vj] + T.float32(1)
 
     with pytest.raises(LoweringError, match="host code"):
-        SimtFunction.from_primfunc(host_loop, "host_loop")
+        SimtFunction.from_primfunc(host_branch, "host_branch")
 
 
 @T.prim_func(s_tir=True)
