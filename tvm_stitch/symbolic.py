@@ -44,8 +44,10 @@ def stand_in(name: str) -> int:
 
 
 def dim_value(expr: tvm.ir.PrimExpr) -> int | None:
-    """The value of a dimension: its constant, or for a product of shape variables and
-    constants its stand-in; None for any other expression (a sum, a division)."""
+    """The value of a dimension: its constant; for a product of shape variables and
+    constants its stand-in; for any other integer expression of shape variables (a sum,
+    ``past + 1``) the stand-in of its simplified text, a symbol of its own (two spellings of
+    one length would count as two lengths: refused where they must agree, never merged)."""
     if isinstance(expr, tirx.IntImm):
         return int(expr)
     if isinstance(expr, tvm.ir.Var):
@@ -53,6 +55,11 @@ def dim_value(expr: tvm.ir.PrimExpr) -> int | None:
     if isinstance(expr, tirx.Mul):
         a, b = dim_value(expr.a), dim_value(expr.b)
         return None if a is None or b is None else a * b
+    if tvm.ir.is_prim_expr(expr) and str(expr.ty.dtype).startswith("int"):
+        simplified = Analyzer().simplify(expr)
+        if isinstance(simplified, tirx.IntImm | tvm.ir.Var | tirx.Mul):
+            return dim_value(simplified)
+        return stand_in(str(simplified))
     return None
 
 

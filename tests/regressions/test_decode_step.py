@@ -1,9 +1,9 @@
 """An LLM decode step exported with dynamic axes: one new token's scores against a key cache
 of symbolic length ``past`` and itself, a softmax over ``past + 1``. The stitch flow compiles
-it once and matches onnxruntime at every size (the SIMT runner binds a buffer whose shape is
-an expression such as ``past + 1`` from the variables other arguments give, and forwards the
-shape values TVM's kernels take as scalar parameters); TVM's default flow does not compile
-it."""
+it once, stitching the softmax, and matches onnxruntime at every size (the SIMT runner binds
+a buffer whose shape is an expression such as ``past + 1`` from the variables other
+arguments give, and forwards the shape values kernels take as scalar parameters); TVM's
+default flow does not compile it."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tvm_stitch import pipeline, verify
+from tvm_stitch.analysis import analyze
 from tvm_stitch.frontend.onnx import import_model
 from tvm_stitch.plan import StitchPlan
 
@@ -38,8 +39,22 @@ def test_one_compile_serves_every_cache_length() -> None:
     scheduled = pipeline.lower(import_model(model), TARGET, "stitch")
     plan = StitchPlan.of_module(scheduled)
     assert all(f.reason for f in plan.fallbacks)
-    for dims in ({"batch": 1, "past": 1}, {"batch": 1, "past": 7}, {"batch": 2, "past": 30}):
+    for dims in ({"batch": 1, "past": 1}, {"batch": 1, "past": 7}, {"batch": 2, "past": 30},
+                 {"batch": 1, "past": 2000}):
         assert verify.run_simt(scheduled, model, dims=dims).ok, dims
+
+
+def test_the_softmax_over_past_plus_one_is_stitched() -> None:
+    """Its op takes ``past`` as a shape value besides its tensor: the stitched function
+    takes it too, and the row of symbolic length ``past + 1`` is walked at run time. The
+    cache's concatenation and transpose are stitched into one kernel as well: 4 kernels
+    where TVM's fusion would need 5 (TVM's own flow does not compile this graph)."""
+    scheduled = pipeline.lower(import_model(_decode_step()), TARGET, "stitch")
+    plan = StitchPlan.of_module(scheduled)
+    (softmax,) = [g for g in plan.groups if "gv:softmax" in g.ops]
+    assert softmax.mapping.length_expr == "past + 1" and "past" in softmax.inputs, str(plan)
+    assert not plan.fallbacks, str(plan)
+    assert len(analyze(scheduled, shape_vars={"batch": 2, "past": 30}).kernels) == 4
 
 
 @pytest.mark.xfail(strict=True, reason="TVM's: dlight's general reduction rule fails to bind "

@@ -138,6 +138,9 @@ def test_stand_ins() -> None:
     n, m = tvm.tirx.Var("n", "int64"), tvm.tirx.Var("m", "int64")
     assert dim_value(n) == stand_in("n") == dim_value(tvm.tirx.Var("n", "int32"))
     assert dim_value(n * m) == stand_in("n") * stand_in("m") != dim_value(n * n)
-    assert dim_value(n + 1) is None and dim_value(tvm.tirx.IntImm("int64", 8)) == 8
+    assert dim_value(tvm.tirx.IntImm("int64", 8)) == 8
+    # a sum is a symbol of its own, the same for the same expression however it is built
+    assert dim_value(n + 1) == dim_value(1 + n) == stand_in("n + T.int64(1)") != dim_value(n)
+    assert dim_value(tvm.tirx.FloatImm("float32", 1.0)) is None
     assert is_symbolic(stand_in("n")) and not is_symbolic(SYMBOLIC - 1)
     assert stand_in("n") % 2 == 1

@@ -18,6 +18,7 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
+from ..lowering import scalar_dtype
 from ..symbolic import dim_value, is_symbolic, shape_values, shape_var_names
 from .copies import Copy, copy_kind
 
@@ -106,7 +107,8 @@ def classify(func: tirx.PrimFunc, num_outputs: int = 1) -> OpInfo:
     """Classify ``func`` (a legalized op with ``num_outputs`` trailing output parameters)."""
     pattern = _pattern(func)
     params = [p for p in func.params if isinstance(p.ty, tirx.BufferType)]
-    if len(params) != len(func.params):
+    scalars = [p for p in func.params if not isinstance(p.ty, tirx.BufferType)]
+    if any(not scalar_dtype(p).startswith("int") for p in scalars):  # shape values only
         return OpInfo(OpKind.OPAQUE, pattern, (), detail="scalar parameters",
                       unsupported="takes scalar parameters")
     out_shape = shape_values(params[-1].shape) if params else None  # outputs share one shape
@@ -116,7 +118,8 @@ def classify(func: tirx.PrimFunc, num_outputs: int = 1) -> OpInfo:
                                   "shape variables")
     inputs = params[: len(params) - num_outputs]
     undefined = (shape_var_names(d for p in params[len(inputs):] for d in p.shape)
-                 - shape_var_names(d for p in inputs for d in p.shape))
+                 - shape_var_names(d for p in inputs for d in p.shape)
+                 - {p.name for p in scalars})
     if undefined:
         return OpInfo(OpKind.OPAQUE, pattern, out_shape, detail="shape from no input",
                       unsupported=f"its output's shape uses {', '.join(sorted(undefined))}, "

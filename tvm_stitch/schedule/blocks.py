@@ -62,6 +62,12 @@ def writer(sch: s_tir.Schedule, buffer_name: str) -> tuple[SBlockRV, int]:
     raise Unstitchable(f"no block writes {buffer_name}")
 
 
+def buffer_params(func: tirx.PrimFunc) -> list[tirx.Buffer]:
+    """The buffer parameters of ``func``, in order: not the shape values a kernel over a
+    shape expression (``past + 1``) also takes."""
+    return [p for p in func.params if isinstance(p.ty, tirx.BufferType)]
+
+
 def written_params(func: tirx.PrimFunc, sch: s_tir.Schedule) -> list[tirx.Buffer]:
     """Parameters written by some block (the kernel's outputs), in parameter order."""
     written = [w.source for b in child_blocks(sch) for w in sch.get(b).writes]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
+import tvm
 from tvm import relax
 from tvm.ir import IRModule
 
@@ -46,9 +47,15 @@ class _Outliner(relax.PyExprMutator):
 
     def _emit_group(self, group: OpGroup, name: str) -> None:
         inputs = _external_inputs(group)
+        # shape values (``past``, which an op over ``past + 1`` takes besides its tensors)
+        # stay themselves; a Shape parameter defines them in the function
+        shape_values = [x for x in inputs if tvm.ir.is_prim_expr(x)]
+        inputs = [x for x in inputs if not tvm.ir.is_prim_expr(x)]
         outputs = group_outputs(group)
         params = [relax.Var(_param_name(x, i), x.ty) for i, x in enumerate(inputs)]
         remap = list(zip(inputs, params, strict=True))
+        if shape_values:
+            params.append(relax.Var("tir_vars", relax.ShapeType(shape_values)))
         bb = relax.BlockBuilder()
         with bb.function(name, params, attrs={"Primitive": True}, private=True):
             with bb.dataflow():
@@ -62,7 +69,8 @@ class _Outliner(relax.PyExprMutator):
             bb.emit_func_output(results[0] if len(results) == 1 else relax.Tuple(results))
         gv = self.builder_.add_func(bb.get()[name], name)
         self.functions[name] = gv.name_hint
-        call = relax.Call(gv, [self.visit_expr(x) for x in inputs])
+        call = relax.Call(gv, [self.visit_expr(x) for x in inputs]
+                          + ([relax.ShapeExpr(shape_values)] if shape_values else []))
         if len(outputs) == 1:
             self._rebind(outputs[0], call)
         else:

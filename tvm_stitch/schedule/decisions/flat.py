@@ -13,6 +13,7 @@ from ...plan import Buffer, BufferRole, Choices, Group, StorageLevel, ThreadMapp
 from ...symbolic import is_symbolic, symbolic_extent
 from ..blocks import (
     LOCAL,
+    buffer_params,
     child_blocks,
     load_count,
     name_of,
@@ -61,7 +62,7 @@ def decide_flat(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, reused: 
         inlined.append(name)
     staged = []
     written = {p.name for p in written_params(func, sch)}
-    for param in func.params:
+    for param in buffer_params(func):
         if param.name in written:
             continue
         users = readers(sch, param)

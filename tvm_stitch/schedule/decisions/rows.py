@@ -10,7 +10,14 @@ from tvm import s_tir, tirx
 from ...analysis.roofline import GPU
 from ...plan import Buffer, BufferRole, Group, StorageLevel, ThreadMapping
 from ...symbolic import is_symbolic, symbolic_extent
-from ..blocks import child_blocks, load_count, name_of, readers, written_params
+from ..blocks import (
+    buffer_params,
+    child_blocks,
+    load_count,
+    name_of,
+    readers,
+    written_params,
+)
 from ..mapping import MAX_ROW_STEPS, SYMBOLIC_ROW_LENGTH, row_mapping, row_steps, row_vector
 from ..occupancy import cached_elements_cap
 from ..rows import (
@@ -108,7 +115,7 @@ def register_cache(sch: s_tir.Schedule, func: tirx.PrimFunc, dec: Decisions,
     elements also keeps an address of its own (fuzz case g1337 spilled at the cap)."""
     on_chip = {s.name for s in dec.staged} | {b.name for b in dec.block_shared}
     written = {p.name for p in written_params(func, sch)}
-    reread = [p for p in func.params
+    reread = [p for p in buffer_params(func)
               if p.name not in on_chip | written and len(readers(sch, p)) > 1]
     if mapping.length_expr:  # a loop of run-time extent: nothing unrolled, nothing kept
         return [p.name for p in reread], 0
@@ -204,7 +211,7 @@ def decide_staging(sch: s_tir.Schedule, func: tirx.PrimFunc, infos: dict[str, Bl
     readers all walk rows (``infos``) are staged, and with ``levels`` (the phases of a Global
     group) only those read in one phase: staged data does not outlive its phase."""
     written = {p.name for p in written_params(func, sch)}
-    for param in func.params:
+    for param in buffer_params(func):
         if param.name in written or _single_value(param):
             continue
         users = readers(sch, param, affine=True)

@@ -12,7 +12,7 @@ from ...analysis.roofline import GPU
 from ...plan import Buffer, BufferRole, Demotion, Launch, StorageLevel, ThreadMapping
 from ...symbolic import shape_values
 from ...target import WARP_SIZE
-from ..blocks import child_blocks
+from ..blocks import buffer_params, child_blocks
 from ..occupancy import aligned_shared, cached_elements_cap, launch_config
 from ..rows import Unstitchable
 
@@ -94,7 +94,8 @@ def widest_element(sch: s_tir.Schedule, func: tirx.PrimFunc) -> int:
     alike: a vector must fit ``VECTOR_BYTES`` in every dtype it is applied to (a float16
     kernel that normalises in float32 takes four lanes, not eight)."""
     regions = (r for b in child_blocks(sch) for r in (*sch.get(b).reads, *sch.get(b).writes))
-    return max([bytes_of(p) for p in func.params] + [bytes_of(r.source) for r in regions])
+    return max([bytes_of(p) for p in buffer_params(func)]
+               + [bytes_of(r.source) for r in regions])
 
 
 def shared_bytes_of(dec: Decisions, mapping: ThreadMapping) -> int:
