@@ -29,12 +29,17 @@ TVM's kernels for the same ops (``transform.yardstick``): a real length, unlike 
 so that both sides' TIR counts; bytes of these kernels scale alike with it."""
 
 
-def shape_var_names(exprs) -> set[str]:
-    """Names of the shape variables in the expressions ``exprs``."""
+def shape_vars(exprs) -> list[tvm.ir.Var]:
+    """The shape variables in the expressions ``exprs``, each occurrence."""
     found: list[tvm.ir.Var] = []
     for e in exprs:
         tvm_ffi.structural_walk(e, [(tvm.ir.Var, found.append)])
-    return {str(v.name) for v in found}
+    return found
+
+
+def shape_var_names(exprs) -> set[str]:
+    """Names of the shape variables in the expressions ``exprs``."""
+    return {str(v.name) for v in shape_vars(exprs)}
 
 
 def stand_in(name: str) -> int:

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import tvm
 from onnx import TensorProto, helper, numpy_helper
 
 from tvm_stitch import pipeline, verify
-from tvm_stitch.analysis import analyze
+from tvm_stitch.analysis import analyze, ptxas_resources
 from tvm_stitch.frontend.onnx import import_model
-from tvm_stitch.plan import StitchPlan
+from tvm_stitch.lowering import lower
+from tvm_stitch.plan import GROUP_ATTR, StitchPlan
+from tvm_stitch.target import cuda_target
 
 TARGET = "cuda:sm_90"
 
@@ -61,3 +64,18 @@ def test_the_softmax_over_past_plus_one_is_stitched() -> None:
                    "the softmax over past + 1 (ScheduleError in bind)")
 def test_tvm_default_flow_compiles_it() -> None:
     pipeline.lower(import_model(_decode_step()), TARGET, "baseline")
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_its_stitched_kernels_compile_without_spills_or_stack(arch: str) -> None:
+    scheduled = pipeline.lower(import_model(_decode_step()), TARGET, "stitch")
+    stitched = [gv.name_hint for gv, f in scheduled.functions_items()
+                if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None
+                and GROUP_ATTR in f.attrs]
+    assert len(stitched) == 2
+    for name in stitched:
+        source = lower(scheduled[name], name, cuda_target(arch)).source()
+        found = ptxas_resources(source, arch)
+        assert found and all(r.spill_store_bytes == r.spill_load_bytes == r.stack_bytes == 0
+                             for r in found.values()), found

@@ -29,6 +29,7 @@ from ..lowering import (
     lower,
     scalar_dtype,
 )
+from ..symbolic import shape_vars
 from ..target import parse_target
 from .classify import has_contraction
 from .ptxas import KernelResources, lowered_resources
@@ -354,11 +355,7 @@ def lowered_reports(lowered: LoweredFunc, memory_intensive: bool = True,
 
 
 def _shape_vars_of(params: Sequence[tvm.ir.Var]) -> list[tvm.ir.Var]:
-    found: list[tvm.ir.Var] = []
-    for p in params:
-        for d in getattr(p, "shape", ()):
-            tvm_ffi.structural_walk(d, [(tvm.ir.Var, found.append)])
-    return found
+    return shape_vars(d for p in params for d in getattr(p, "shape", ()))
 
 
 def _static_reports(lowered: _Lowered, shapes: Sequence[Sequence[int]] | None,
