@@ -111,6 +111,55 @@ def test_a_symbolic_length_is_not_split_over_blocks() -> None:
     assert plan.groups[0].row_split == 1 and not plan.groups[0].phases
 
 
+def _attention_pooling() -> onnx.ModelProto:
+    """DIEN's attention pooling: a softmax over the sequence of (batch, seq) scores weighs
+    (batch, seq, 32) behaviours, summed over the sequence (a middle axis)."""
+    axes = onnx.helper.make_tensor("axes", onnx.TensorProto.INT64, [1], [1])
+    last = onnx.helper.make_tensor("last", onnx.TensorProto.INT64, [1], [2])
+    nodes = [onnx.helper.make_node("Softmax", ["scores"], ["w"], axis=-1),
+             onnx.helper.make_node("Unsqueeze", ["w", "last"], ["w3"]),
+             onnx.helper.make_node("Mul", ["w3", "values"], ["weighted"]),
+             onnx.helper.make_node("ReduceSum", ["weighted", "axes"], ["out"], keepdims=0)]
+    vi = onnx.helper.make_tensor_value_info
+    graph = onnx.helper.make_graph(
+        nodes, "attention_pooling",
+        [vi("scores", onnx.TensorProto.FLOAT, ["batch", "seq"]),
+         vi("values", onnx.TensorProto.FLOAT, ["batch", "seq", 32])],
+        [vi("out", onnx.TensorProto.FLOAT, ["batch", 32])], [axes, last])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    return model
+
+
+MIDDLE_AXIS = {
+    # name: (model, the sizes each compiled module runs at)
+    "attention_pooling": (_attention_pooling, [{"batch": 1, "seq": 1}, {"batch": 3, "seq": 13},
+                                               {"batch": 2, "seq": 300}]),
+    "middle_axis_sum": (lambda: named_dims(patterns.middle_axis_sum(4, 8, 16)[0], {},
+                                           {"x": {1: "seq"}}),
+                        [{"seq": n} for n in (1, 7, 61)]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MIDDLE_AXIS))
+def test_a_sum_over_a_symbolic_middle_axis_is_a_stitched_row_reduction(case: str) -> None:
+    """The sum reduces rows of a transposed view (``MixedReduction``) walked with a run-time
+    extent; the transposes that only move axes of extent 1 stay views of the rows."""
+    model, dims = MIDDLE_AXIS[case][0](), MIDDLE_AXIS[case][1]
+    stitched = pipeline.lower(import_model(model), cuda_target(), "stitch")
+    baseline = pipeline.lower(import_model(model), cuda_target(), "baseline")
+    plan = StitchPlan.of_module(stitched)
+    assert not plan.fallbacks, str(plan)
+    sums = [g for g in plan.groups if any(op.endswith(":sum") for op in g.ops)]
+    assert len(sums) == 1 and sums[0].mapping.length_expr == "seq", str(plan)
+    for size in dims:
+        ours = verify.summarize(stitched, model, dims=size)
+        tvms = verify.summarize(baseline, model, dims=size)
+        assert ours["ok"], (size, ours)
+        assert ours["kernels"] <= tvms["kernels"], (size, ours, tvms)
+        assert ours["global_bytes"] <= tvms["global_bytes"], (size, ours, tvms)
+
+
 def test_a_column_reduction_over_a_symbolic_length_falls_back() -> None:
     model = named_dims(patterns.column_mean_center(16, 64)[0], {0: "batch"})
     _, plan = lower_stitch(model)
@@ -140,3 +189,26 @@ def test_a_random_candidate_serves_every_length(seed: int) -> None:
     assert plan.groups[0].mapping.length_expr, str(plan)
     for dims in CASES["attention"][1]:
         assert verify.run_simt(scheduled, model, dims=dims).ok, (seed, dims, str(plan))
+
+
+def test_a_broadcast_to_a_shape_that_no_input_of_the_group_gives_is_stitched() -> None:
+    """``Expand(x, Shape(y))`` of a (batch, 1, 32) ``x`` to (batch, seq, 32), then exp and
+    sigmoid: no tensor the group reads has ``seq`` in its shape (TVM binds it from the output
+    it passes), so the group's function takes it as a shape value."""
+    vi = onnx.helper.make_tensor_value_info
+    nodes = [onnx.helper.make_node("Shape", ["y"], ["s"]),
+             onnx.helper.make_node("Expand", ["x", "s"], ["e"]),
+             onnx.helper.make_node("Exp", ["e"], ["ex"]),
+             onnx.helper.make_node("Sigmoid", ["ex"], ["out"])]
+    graph = onnx.helper.make_graph(
+        nodes, "broadcast_to_shape",
+        [vi("x", onnx.TensorProto.FLOAT, ["batch", 1, 32]),
+         vi("y", onnx.TensorProto.FLOAT, ["batch", "seq", 32])],
+        [vi("out", onnx.TensorProto.FLOAT, ["batch", "seq", 32])])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    stitched = pipeline.lower(import_model(model), cuda_target(), "stitch")
+    plan = StitchPlan.of_module(stitched)
+    assert not plan.fallbacks and len(plan.groups) == 1 and plan.groups[0].inputs == ("x",), \
+        str(plan)
+    for dims in ({"batch": 1, "seq": 1}, {"batch": 3, "seq": 13}, {"batch": 2, "seq": 500}):
+        assert verify.summarize(stitched, model, dims=dims)["ok"], dims

@@ -17,6 +17,8 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.sym import Analyzer
 
+from ..symbolic import dim_value, shape_values
+
 
 class Copy(StrEnum):
     """What a copy does to the order of elements."""
@@ -29,14 +31,17 @@ class Copy(StrEnum):
 
 
 def copy_kind(func: tirx.PrimFunc) -> Copy | None:
-    """What ``func`` does if it is a copy: one block with static shapes that stores, at its
-    own position of its one output, one element of its one input; None for anything else."""
+    """What ``func`` does if it is a copy: one block that stores, at its own position of its
+    one output, one element of its one input; None for anything else. Symbolic extents
+    (a batch, a sequence length) are compared through their stand-ins and proved on with
+    the real expressions."""
     params = [p for p in func.params if isinstance(p.ty, tirx.BufferType)]
     if len(params) != 2 or len(func.params) != 2:
         return None
     src, dst = params
-    src_shape, dst_shape = _static(src.shape), _static(dst.shape)
-    if src_shape is None or dst_shape is None:
+    src_shape, dst_shape = list(src.shape), list(dst.shape)
+    src_dims, dst_dims = shape_values(src_shape), shape_values(dst_shape)
+    if src_dims is None or dst_dims is None:
         return None
     blocks: list[s_tir.stmt.SBlock] = []
     tvm_ffi.structural_walk(func.body, [(s_tir.stmt.SBlock, blocks.append)])
@@ -58,32 +63,26 @@ def copy_kind(func: tirx.PrimFunc) -> Copy | None:
     for iv in block.iter_vars:
         ana.bind(iv.var, tvm.ir.Range.from_min_extent(iv.dom.min, iv.dom.extent))
     source = _flat(load.indices, src_shape)
-    if prod(src_shape) < prod(dst_shape):
+    if prod(src_dims) < prod(dst_dims):
         return Copy.REPEATED
-    if prod(src_shape) > prod(dst_shape):
+    if prod(src_dims) > prod(dst_dims):
         return Copy.SLICED
     if not _bijective(load.indices, block, src_shape):
         return None
     if ana.can_prove_equal(source, _flat(iters, dst_shape)):
         return Copy.VIEW
-    moving = [iv for iv in block.iter_vars if int(iv.dom.extent) > 1]
+    moving = [iv for iv in block.iter_vars if dim_value(iv.dom.extent) != 1]
     return Copy.ROWS if not moving or _unit_stride(source, moving, ana) else Copy.PERMUTED
 
 
-def _static(shape) -> tuple[int, ...] | None:
-    if not all(isinstance(d, tirx.IntImm) for d in shape):
-        return None
-    return tuple(int(d) for d in shape)
-
-
-def _flat(indices, shape: tuple[int, ...]) -> tvm.ir.PrimExpr:
+def _flat(indices, shape: list[tvm.ir.PrimExpr]) -> tvm.ir.PrimExpr:
     flat = tirx.const(0, "int64")
     for index, extent in zip(indices, shape, strict=True):
-        flat = flat * extent + tirx.Cast("int64", index)
+        flat = flat * tirx.Cast("int64", extent) + tirx.Cast("int64", index)
     return flat
 
 
-def _bijective(indices, block: s_tir.stmt.SBlock, shape: tuple[int, ...]) -> bool:
+def _bijective(indices, block: s_tir.stmt.SBlock, shape: list[tvm.ir.PrimExpr]) -> bool:
     """Whether the load indices map the block's iteration space one-to-one into ``shape``
     (a legal op stays in bounds, so with equal sizes that is onto all of it)."""
     dom = {iv.var: tvm.ir.Range.from_min_extent(iv.dom.min, iv.dom.extent)
@@ -96,10 +95,8 @@ def _unit_stride(source: tvm.ir.PrimExpr, iters: list[tirx.IterVar], ana: Analyz
     """Whether one step along the innermost of ``iters`` (the output axes longer than one) is
     one step in the input, from the first element: the copy moves runs of the input's
     innermost axis whole."""
-    first = ana.simplify(_at(source, iters, 0))
-    second = ana.simplify(_at(source, iters, 1))
-    return isinstance(first, tirx.IntImm) and isinstance(second, tirx.IntImm) \
-        and int(second) - int(first) == 1
+    step = ana.simplify(_at(source, iters, 1) - _at(source, iters, 0))
+    return isinstance(step, tirx.IntImm) and int(step) == 1
 
 
 def _at(expr: tvm.ir.PrimExpr, iters: list[tirx.IterVar], last: int) -> tvm.ir.PrimExpr:

@@ -19,7 +19,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 
 from ..lowering import scalar_dtype
-from ..symbolic import dim_value, is_symbolic, shape_values, shape_var_names
+from ..symbolic import dim_value, is_symbolic, shape_values
 from .copies import Copy, copy_kind
 
 # TVM's OpPatternKind values, as AnnotateTIROpPattern writes them into "op_pattern".
@@ -117,13 +117,6 @@ def classify(func: tirx.PrimFunc, num_outputs: int = 1) -> OpInfo:
                       unsupported="output shape with a dimension that is not a product of "
                                   "shape variables")
     inputs = params[: len(params) - num_outputs]
-    undefined = (shape_var_names(d for p in params[len(inputs):] for d in p.shape)
-                 - shape_var_names(d for p in inputs for d in p.shape)
-                 - {p.name for p in scalars})
-    if undefined:
-        return OpInfo(OpKind.OPAQUE, pattern, out_shape, detail="shape from no input",
-                      unsupported=f"its output's shape uses {', '.join(sorted(undefined))}, "
-                                  "which no input's shape gives")
     blocks = _blocks(func)
     gather = pattern == OPAQUE and _is_gather(blocks)
     if gather:

@@ -185,8 +185,10 @@ def access_rows(info: BlockRows, region: tvm.ir.TensorRegion, rows: int) -> RowA
     theirs = _row_index([r.min for r in dims[:kb]], list(region.source.shape)[:kb])
     if mine is None or not ana.can_prove_equal(theirs, mine):
         return RowAccess.OTHER
-    if any(not dep and _uses_any(r.min, row_vars) for r, dep in zip(dims[kb:], dependent[kb:],
-                                                                    strict=True)):
+    # a row iterator of extent 1 is 0 wherever it appears (a transpose that moves unit axes)
+    moving = [i.var for i in info.row_iters if i.extent != 1]
+    if any(not dep and _uses_any(r.min, moving) for r, dep in zip(dims[kb:], dependent[kb:],
+                                                                  strict=True)):
         return RowAccess.OTHER
     return RowAccess.ALIGNED
 

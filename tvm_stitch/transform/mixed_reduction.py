@@ -155,16 +155,17 @@ class _MixedReduction(relax.PyExprMutator):
         def pushed(expr: relax.Expr) -> relax.Expr | None:
             if _read_through(self, expr, self.outputs):
                 shape = _static_dims(expr)
-                if shape is None or None in shape:
+                if shape is None:
                     return None
                 if not shape:  # a scalar broadcasts in any order
                     return expr
-                full = [1] * (len(dims) - len(shape)) + shape
-                if len(full) != len(dims):
+                lead = [1] * (len(dims) - len(shape))
+                if len(lead) + len(shape) != len(dims):
                     return None
-                if len(shape) < len(dims):
-                    expr = self.builder_.emit(relax.op.reshape(expr, full), name_hint=name)
-                return self.builder_.emit(_permuted(expr, full, perm), name_hint=name)
+                if lead:
+                    expr = self.builder_.emit(
+                        relax.op.reshape(expr, lead + list(expr.ty.shape)), name_hint=name)
+                return self.builder_.emit(_permuted(expr, lead + shape, perm), name_hint=name)
             bound = self.lookup_binding(expr) if isinstance(expr, relax.Var) else None
             if not (isinstance(bound, relax.Call) and _is(bound, _ELEMENT_WISE)) \
                     or budget[0] == 0:

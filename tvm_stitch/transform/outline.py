@@ -17,6 +17,7 @@ from tvm.ir import IRModule
 from ..graph.dataflow import DataflowGraph, Node
 from ..graph.dominants import group_outputs, passed_views
 from ..graph.grouping import OpGroup
+from ..symbolic import shape_vars
 
 
 @relax.expr_functor.mutator
@@ -51,6 +52,7 @@ class _Outliner(relax.PyExprMutator):
         # stay themselves; a Shape parameter defines them in the function
         shape_values = [x for x in inputs if tvm.ir.is_prim_expr(x)]
         inputs = [x for x in inputs if not tvm.ir.is_prim_expr(x)]
+        shape_values += _undefined_shape_vars(group, inputs, shape_values)
         outputs = group_outputs(group)
         params = [relax.Var(_param_name(x, i), x.ty) for i, x in enumerate(inputs)]
         remap = list(zip(inputs, params, strict=True))
@@ -97,6 +99,25 @@ def _lookup(remap: list[tuple[relax.Expr, relax.Expr]], expr: relax.Expr) -> rel
         if old.same_as(expr):
             return new
     return expr
+
+
+def _undefined_shape_vars(group: OpGroup, inputs: list[relax.Expr],
+                          shape_values: list[tvm.ir.PrimExpr]) -> list[tvm.ir.Var]:
+    """Shape variables that the results of ``group`` use but that neither its tensor inputs'
+    shapes nor ``shape_values`` define: a broadcast to ``(batch, seq, 32)`` of a
+    ``(batch, 1, 32)`` tensor, whose ``seq`` TVM binds from the output it is given, which a
+    group's intermediate is not. The group's function takes them as shape values."""
+    defined = {str(d.name) for x in inputs if isinstance(x.ty, relax.TensorType)
+               and x.ty.shape is not None for d in x.ty.shape if isinstance(d, tvm.ir.Var)}
+    defined |= {str(v.name) for v in shape_values if isinstance(v, tvm.ir.Var)}
+    missing: dict[str, tvm.ir.Var] = {}
+    for node in group.nodes:
+        ty = node.var.ty
+        if isinstance(ty, relax.TensorType) and ty.shape is not None:
+            for v in shape_vars(ty.shape):
+                if str(v.name) not in defined:
+                    missing.setdefault(str(v.name), v)
+    return list(missing.values())
 
 
 def _external_inputs(group: OpGroup) -> list[relax.Expr]:
