@@ -24,6 +24,7 @@ from tqdm import tqdm
 from tvm import tirx
 
 from tvm_stitch import analysis, pipeline, verify, workloads
+from tvm_stitch.frontend.onnx import declared_dim_max, with_dim_max
 from tvm_stitch.schedule.grid_barrier import count_grid_barriers
 from tvm_stitch.target import DEFAULT_TARGET
 from tvm_stitch.workloads import models
@@ -53,10 +54,12 @@ def bench_flow(model, flow: str, size: str, target: str, dims: dict[str, int] | 
 
 
 def bench(names: list[str], flows: list[str], size: str, target: str,
-          layers: int | None = None, dynamic: bool = False) -> dict:
+          layers: int | None = None, dynamic: bool = False,
+          dim_max: dict[str, int] | None = None) -> dict:
     """Run the benchmark (model workloads ``layers`` deep, default their size's depth; with
-    ``dynamic``, only the model workloads that export with dynamic axes, exported so);
-    failures are recorded per workload and flow, never hidden."""
+    ``dynamic``, only the model workloads that export with dynamic axes, exported so, their
+    symbolic dimensions bounded by ``dim_max`` where it names them); failures are recorded
+    per workload and flow, never hidden."""
     if dynamic:
         names = [n for n in names if workloads.get(n).kind == "model"
                  and models.spec(n, size).arch not in models.STATIC_ONLY]
@@ -67,11 +70,15 @@ def bench(names: list[str], flows: list[str], size: str, target: str,
         deep = (layers is not None or dynamic) and workload.kind == "model"
         model = (models.load_model(name, size, layers=layers, dynamic=dynamic) if deep
                  else workload.model(size))
+        model = with_dim_max(model, dim_max or {})
         spec = models.spec(name, size, layers, dynamic) if deep else None
         described = spec.summary if deep else workload.sizes[size]
         dims = spec.example_dims if dynamic else None
         if dims:
             described += ", counted at " + ", ".join(f"{d}={v}" for d, v in dims.items())
+        bounded = declared_dim_max(model)
+        if bounded:
+            described += ", at most " + ", ".join(f"{d}={v}" for d, v in bounded.items())
         entry: dict = {"name": name, "size": described, "pipelines": {}}
         for flow in flows:
             start = time.perf_counter()
@@ -141,10 +148,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dynamic", action="store_true",
                         help="the model workloads exported with dynamic batch and sequence "
                              "axes, counted at their example sizes")
+    parser.add_argument("--dim-max", type=verify.dim_argument, action="append", default=[],
+                        metavar="NAME=N",
+                        help="with --dynamic: the declared upper bound of a symbolic "
+                             "dimension, in the models that have it")
     args = parser.parse_args(argv)
     names = args.workloads.split(",") if args.workloads else workloads.names()
     flows = args.flows.split(",") if args.flows else pipeline.available_flows()
-    result = bench(names, flows, args.size, args.target, args.layers, args.dynamic)
+    result = bench(names, flows, args.size, args.target, args.layers, args.dynamic,
+                   dict(args.dim_max))
     table = markdown(result, flows)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
@@ -154,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                            f"`python scripts/bench.py --size {args.size}"
                            + (f" --layers {args.layers}" if args.layers else "")
                            + (" --dynamic" if args.dynamic else "")
+                           + "".join(f" --dim-max {d}={v}" for d, v in args.dim_max)
                            + (f" --json {args.json}" if args.json else "")
                            + f" --md {args.md}`.\n\n"
                            + table)

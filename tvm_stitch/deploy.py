@@ -37,9 +37,10 @@ from . import __version__, pipeline
 from .frontend.onnx import ModelError, check_dims, dim_params, graph_inputs, import_model, load
 from .plan import StitchPlan
 from .sidecar import Sidecar, SidecarError, TensorSpec, sidecar_path
+from .symbolic import declared_bounds
 from .target import DEFAULT_TARGET, TargetSpec, describe, parse_target, target_argument
 from .tuning.database import DatabaseError, add_database_argument, database_or_none
-from .verify import dim_argument
+from .verify import add_dim_max_argument, dim_argument
 
 DEFAULT_FLOW = "stitch"
 
@@ -80,7 +81,8 @@ class CompiledModel:
 def compile_onnx(model: str | os.PathLike | onnx.ModelProto,
                  target: TargetSpec = DEFAULT_TARGET, *,
                  dims: Mapping[str, int] | None = None, flow: str = DEFAULT_FLOW,
-                 database: str | os.PathLike | None = None) -> CompiledModel:
+                 database: str | os.PathLike | None = None,
+                 dim_max: Mapping[str, int] | None = None) -> CompiledModel:
     """Compile an ONNX model (a path or a ModelProto) for ``target`` with ``flow``; raises
     ModelError for a model that cannot be compiled.
 
@@ -88,12 +90,13 @@ def compile_onnx(model: str | os.PathLike | onnx.ModelProto,
     or a Target; TVM's old string form raises ValueError showing these. ``dims`` gives size
     hints of symbolic dimensions, recorded in the sidecar (the library stays symbolic);
     naming a dimension the inputs do not have raises ModelError. ``database`` is a tuning
-    database (``tvm-stitch tune``) whose records the stitch flow applies."""
+    database (``tvm-stitch tune``) whose records the stitch flow applies. ``dim_max``
+    declares upper bounds of symbolic dimensions (``frontend.import_model``)."""
     target = parse_target(target)
     proto = load(model)
     hints = dict(dims or {})
     check_dims(proto, hints)
-    mod = import_model(proto)
+    mod = import_model(proto, dim_max=dim_max)
     with database_or_none(database):
         scheduled = pipeline.lower(mod, target, flow)
     executable = pipeline.build(scheduled, target)
@@ -111,6 +114,7 @@ def compile_onnx(model: str | os.PathLike | onnx.ModelProto,
         plan=None if plan is None else plan.to_dict(),
         database=None if database is None else os.fspath(database),
         versions=versions(),
+        dim_max=declared_bounds(main.attrs),
     )
     return CompiledModel(executable, scheduled, sidecar)
 
@@ -227,6 +231,7 @@ def add_compile_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="NAME=SIZE",
                         help="expected size of a symbolic input dimension, recorded in the "
                              "sidecar as a hint; the library stays symbolic")
+    add_dim_max_argument(parser)
     add_database_argument(parser)
 
 
@@ -239,7 +244,8 @@ def compile_command(args: argparse.Namespace) -> int:
         return 2
     try:
         compiled = compile_onnx(args.model, args.target, dims=dict(args.dim),
-                                flow=args.pipeline, database=args.db)
+                                flow=args.pipeline, database=args.db,
+                                dim_max=dict(args.dim_max))
     except (ModelError, DatabaseError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -34,7 +34,7 @@ from .frontend.onnx import ModelError, check_dims, import_model, load
 from .plan import GROUP_ATTR, Fallback, StitchPlan
 from .target import DEFAULT_TARGET, TargetSpec, describe, parse_target, target_argument
 from .tuning.database import DatabaseError, add_database_argument, database_or_none
-from .verify import dim_argument
+from .verify import add_dim_max_argument, dim_argument
 
 BOTH = "both"
 """The ``--pipeline`` choice that inspects every flow, stitch first."""
@@ -135,8 +135,10 @@ class Inspection:
 def inspect_onnx(model: str | os.PathLike | onnx.ModelProto,
                  target: TargetSpec = DEFAULT_TARGET, *, flows: Sequence[str] = FLOW_ORDER,
                  dims: Mapping[str, int] | None = None,
-                 database: str | os.PathLike | None = None) -> Inspection:
+                 database: str | os.PathLike | None = None,
+                 dim_max: Mapping[str, int] | None = None) -> Inspection:
     """Compile an ONNX model with each of ``flows`` for ``target`` and count one run of each.
+    ``dim_max`` declares upper bounds of symbolic dimensions (``frontend.import_model``).
 
     Symbolic input dimensions are counted at the sizes ``dims`` gives; ModelError when one has
     none, or ``dims`` names one the inputs do not have, or the model cannot be compiled.
@@ -147,7 +149,7 @@ def inspect_onnx(model: str | os.PathLike | onnx.ModelProto,
     proto = load(model)
     sizes = dict(dims or {})
     check_dims(proto, sizes, complete=True)
-    mod = import_model(proto)
+    mod = import_model(proto, dim_max=dim_max)
     reports = []
     for flow in flows:
         with database_or_none(database):
@@ -250,6 +252,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="NAME=SIZE",
                         help="size to count a symbolic input dimension at (each needs one); "
                              "the model is compiled symbolic")
+    add_dim_max_argument(parser)
     add_database_argument(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead")
 
@@ -264,7 +267,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         inspection = inspect_onnx(args.model, args.target, flows=flows, dims=dict(args.dim),
-                                  database=args.db)
+                                  database=args.db, dim_max=dict(args.dim_max))
     except (ModelError, DatabaseError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -181,7 +181,9 @@ class ThreadMapping:
     (``tvm_stitch.symbolic``), and ``blocks`` means nothing. ``length_expr`` is set when
     the row length is symbolic: each thread then walks the row in a loop of run-time extent,
     ``row_length`` is its stand-in, and ``mapped_length`` the length the threads were
-    chosen for (a declared upper bound, or ``SYMBOLIC_ROW_LENGTH``).
+    chosen for (a declared upper bound, or ``SYMBOLIC_ROW_LENGTH``). ``length_bound`` is that
+    declared bound of the symbolic length (0: none declared): the group's kernel stages its
+    rows on chip sized for it, and checks the real length at run time (``Group.beyond_bound``).
     """
 
     kind: MappingKind
@@ -194,6 +196,7 @@ class ThreadMapping:
     rows_expr: str = ""
     length_expr: str = ""
     mapped_length: int = 0
+    length_bound: int = 0
 
     @property
     def threads_per_block(self) -> int:
@@ -222,7 +225,8 @@ class ThreadMapping:
             return (f"flat: {rows} elements, {self.rows_per_block} threads per block"
                     f"{vector}, {blocks}")
         steps = f", {self.row_steps} rows in sequence" if self.row_steps > 1 else ""
-        length = (f"{self.length_expr} (symbolic, mapped for {self.mapped_length})"
+        bound = f"at most {self.length_bound} declared, " if self.length_bound else ""
+        length = (f"{self.length_expr} (symbolic, {bound}mapped for {self.mapped_length})"
                   if self.length_expr else str(self.row_length))
         return (f"{self.kind.value}: {rows} rows x {length}, "
                 f"{self.rows_per_block} row(s) x {self.threads_per_row} threads per block"
@@ -354,7 +358,10 @@ class Group:
     (``schedule.vectors``), or a boolean value in more lanes than TVM's CUDA code generator
     takes; reductions do, except those of ``vector_reads``, which read their inputs a
     vector at a time into registers (consecutive threads on consecutive vectors) and reduce
-    those.
+    those. ``beyond_bound`` is the plan of the kernel's second body when its rows, of symbolic
+    length, are staged on chip sized for the declared bound (``mapping.length_bound``): the
+    kernel runs this one when the run-time length exceeds the bound, with the same threads,
+    re-reading what the first body stages and recomputing its Regional intermediates.
     """
 
     id: int
@@ -379,6 +386,7 @@ class Group:
     vector_reads: tuple[str, ...] = ()
     choices: Choices = field(default_factory=Choices)
     source: ChoiceSource = ChoiceSource.HEURISTIC
+    beyond_bound: Group | None = None
 
     @property
     def grid_barriers(self) -> int:
@@ -531,6 +539,13 @@ def format_plan(plan: StitchPlan) -> str:
                          f"{', '.join(ph.blocks)}{barrier}")
         for d in g.demotions:
             lines.append(f"  demoted: {d}")
+        if g.beyond_bound is not None and g.mapping is not None:
+            lines.append(f"  beyond {g.mapping.length_expr} > {g.mapping.length_bound}, the "
+                         "kernel's second body:")
+            lines.extend(f"    {b.role.value} {b.name}: {b.level.value} ({b.note})"
+                         for b in g.beyond_bound.buffers if b.level is not StorageLevel.SHARED)
+            if g.beyond_bound.inlined != g.inlined:
+                lines.append(f"    in registers (inlined): {', '.join(g.beyond_bound.inlined)}")
     for f in plan.fallbacks:
         lines.append(f"fallback {', '.join(f.ops)}: {f.reason}")
     for c in plan.compute:

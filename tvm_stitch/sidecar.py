@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,9 @@ class Sidecar:
 
     ``dims`` maps each symbolic dimension of the inputs to its size hint, None without one.
     ``plan`` is the stitch plan (``StitchPlan.to_dict``), None for the baseline flow.
+    ``dim_max`` maps symbolic dimensions to the upper bounds declared for them (``--dim-max``
+    or the model's metadata): the library serves larger sizes too, re-reading rows it would
+    stage within the bounds.
     """
 
     model: str
@@ -71,6 +74,7 @@ class Sidecar:
     plan: dict[str, Any] | None
     database: str | None
     versions: dict[str, str]
+    dim_max: dict[str, int] = field(default_factory=dict)
 
     @property
     def arch(self) -> str | None:
@@ -99,6 +103,7 @@ class Sidecar:
                 plan=data["plan"],
                 database=data["database"],
                 versions=dict(data["versions"]),
+                dim_max=dict(data.get("dim_max", {})),
             )
         except (KeyError, TypeError) as err:
             raise SidecarError(f"malformed sidecar: {type(err).__name__} {err}") from None

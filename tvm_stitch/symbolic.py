@@ -83,3 +83,66 @@ def symbolic_extent(extents: list[tvm.ir.PrimExpr]) -> str:
     """The product of ``extents`` (real TIR extents) as a readable expression, for plans."""
     total = prod(extents[1:], start=extents[0]) if extents else tirx.IntImm("int64", 1)
     return str(Analyzer().simplify(total))
+
+
+BOUNDS_ATTR = "stitch.dim_max"
+"""Function attribute: the declared upper bound of shape variables, by name (``--dim-max``,
+``compile_onnx(dim_max=...)``). A hint: a stitched kernel sizes its on-chip staging for it
+and checks it at run time, running beyond it with re-reads; unlike TVM's own
+``tir_var_upper_bound`` it lets nothing be planned that a larger size would break."""
+
+UPPER_BOUND_ATTR = "tir_var_upper_bound"
+"""TVM's function attribute for the upper bounds of shape variables, which Relax's memory
+planning relies on (TVM's PyTorch importer sets it from ``dynamic_shapes``); read as a bound
+too."""
+
+
+def declared_bounds(attrs) -> dict[str, int]:
+    """The upper bounds of shape variables that function attributes ``attrs`` declare (ours
+    and TVM's; the smaller where both name a variable)."""
+    bounds: dict[str, int] = {}
+    for key in (BOUNDS_ATTR, UPPER_BOUND_ATTR):
+        if attrs is None or key not in attrs:
+            continue
+        for name, value in attrs[key].items():
+            bounds[str(name)] = min(int(value), bounds.get(str(name), int(value)))
+    return bounds
+
+
+def with_bounds(func: tirx.PrimFunc, bounds: dict[str, int]) -> tirx.PrimFunc:
+    """``func`` declaring (``BOUNDS_ATTR``) the ``bounds`` of the shape variables its
+    parameters' shapes use; ``func`` itself when it uses none of them."""
+    names = shape_var_names(d for p in func.params if isinstance(p.ty, tirx.BufferType)
+                            for d in p.shape)
+    mine = {name: bound for name, bound in sorted(bounds.items()) if name in names}
+    return func.with_attr(BOUNDS_ATTR, mine) if mine else func
+
+
+_MONOTONE = (tirx.Add, tirx.Mul, tirx.FloorDiv, tirx.Min, tirx.Max)
+
+
+def upper_bound(expr: tvm.ir.PrimExpr, bounds: dict[str, int]) -> int | None:
+    """The largest value of the extent ``expr`` when every shape variable in it is at most its
+    bound in ``bounds``: None when a variable has no bound, or ``expr`` is not built from
+    sums, products, floor divisions by constants, minima and maxima of those variables and
+    non-negative constants (the only forms where the value at the bounds is the largest)."""
+    def monotone(e) -> bool:
+        if isinstance(e, tirx.IntImm):
+            return int(e) >= 0
+        if isinstance(e, tvm.ir.Var):
+            return str(e.name) in bounds
+        if isinstance(e, tirx.FloorDiv):
+            return monotone(e.a) and isinstance(e.b, tirx.IntImm) and int(e.b) > 0
+        if isinstance(e, _MONOTONE):
+            return monotone(e.a) and monotone(e.b)
+        if isinstance(e, tirx.Cast):
+            return monotone(e.value)
+        return False
+
+    if not monotone(expr):
+        return None
+    ana = Analyzer()
+    for var in set(shape_vars([expr])):
+        ana.bind(var, tirx.IntImm(var.ty.dtype, bounds[str(var.name)]))
+    value = ana.simplify(expr)
+    return int(value) if isinstance(value, tirx.IntImm) else None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,10 +39,11 @@ class Check:
     ok: bool
 
 
-def compile_model(model: onnx.ModelProto, flow: str, target: TargetSpec = DEFAULT_TARGET
-                  ) -> IRModule:
-    """Import ``model`` and fuse and schedule it with ``flow``: the scheduled module."""
-    return pipeline.lower(import_model(model), target, flow)
+def compile_model(model: onnx.ModelProto, flow: str, target: TargetSpec = DEFAULT_TARGET,
+                  dim_max: Mapping[str, int] | None = None) -> IRModule:
+    """Import ``model`` (with the upper bounds ``dim_max`` of symbolic dimensions) and fuse
+    and schedule it with ``flow``: the scheduled module."""
+    return pipeline.lower(import_model(model, dim_max=dim_max), target, flow)
 
 
 def reference_outputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -144,6 +146,16 @@ def dim_argument(text: str) -> tuple[str, int]:
     return name, int(size)
 
 
+def add_dim_max_argument(parser: argparse.ArgumentParser) -> None:
+    """``--dim-max NAME=N``: the upper bound of a symbolic dimension (every command that
+    compiles)."""
+    parser.add_argument("--dim-max", type=dim_argument, action="append", default=[],
+                        metavar="NAME=N",
+                        help="declared upper bound of a symbolic input dimension: stitched "
+                             "kernels stage rows of that length on chip sized for it, and "
+                             "re-read beyond it (checked at run time)")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The command-line arguments of ``verify`` (shared with ``tvm-stitch verify``)."""
     parser.add_argument("model", help="path of an ONNX model")
@@ -158,6 +170,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="NAME=SIZE",
                         help="size of a symbolic input dimension (an ONNX dim_param) to run "
                              "and measure the model at; the model is compiled symbolic")
+    add_dim_max_argument(parser)
     add_database_argument(parser)
 
 
@@ -172,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
         model = load(args.model)
         _require_sized_inputs(model, dims)
         with database_or_none(args.db):
-            scheduled = compile_model(model, args.pipeline, args.target)
+            scheduled = compile_model(model, args.pipeline, args.target, dict(args.dim_max))
     except (ModelError, DatabaseError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

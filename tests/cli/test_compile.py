@@ -95,6 +95,16 @@ def test_a_symbolic_model_compiles_symbolic_with_its_size_hint(models, tmp_path,
     assert Sidecar.load(tmp_path / "nohint.json").dims == {"batch": None}
 
 
+def test_the_sidecar_records_the_declared_upper_bounds(models, tmp_path) -> None:
+    """A bound of a symbolic dimension is no size limit of the library (larger sizes run the
+    re-reading body), so it is recorded apart from the size hints."""
+    assert cli.main(["compile", models["batch"], "-o", str(tmp_path / "bounded.so"),
+                     "--dim-max", "batch=8192"]) == 0
+    sidecar = Sidecar.load(tmp_path / "bounded.json")
+    assert sidecar.dim_max == {"batch": 8192} and sidecar.dims == {"batch": None}
+    assert Sidecar.load(tmp_path / "bounded.json") == Sidecar.from_dict(sidecar.to_dict())
+
+
 def test_compile_onnx_takes_a_model_proto_the_json_target_and_the_baseline_flow(
         tmp_path) -> None:
     model = workloads.get("layer_norm").model("ci")

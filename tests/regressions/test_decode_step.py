@@ -60,6 +60,22 @@ def test_the_softmax_over_past_plus_one_is_stitched() -> None:
     assert len(analyze(scheduled, shape_vars={"batch": 2, "past": 30}).kernels) == 4
 
 
+def test_a_declared_cache_bound_stages_the_softmax_row_and_checks_it_at_run_time() -> None:
+    """``past <= 255`` bounds the row (``past + 1 <= 256``): the softmax stages it in shared
+    memory within the bound and re-reads it beyond; one compile matches onnxruntime on both
+    sides, and within the bound moves fewer bytes than the unbounded kernel."""
+    model = _decode_step()
+    bounded = pipeline.lower(import_model(model, dim_max={"past": 255}), TARGET, "stitch")
+    plain = pipeline.lower(import_model(model), TARGET, "stitch")
+    (softmax,) = [g for g in StitchPlan.of_module(bounded).groups if "gv:softmax" in g.ops]
+    assert softmax.mapping.length_bound == 256 and softmax.beyond_bound is not None
+    for past in (1, 30, 255, 256, 2000):
+        dims = {"batch": 2, "past": past}
+        assert verify.run_simt(bounded, model, dims=dims).ok, dims
+        ours, theirs = (analyze(m, shape_vars=dims).global_bytes for m in (bounded, plain))
+        assert ours < theirs if past <= 255 else ours == theirs, (dims, ours, theirs)
+
+
 @pytest.mark.xfail(strict=True, reason="TVM's: dlight's general reduction rule fails to bind "
                    "the softmax over past + 1 (ScheduleError in bind)")
 def test_tvm_default_flow_compiles_it() -> None:

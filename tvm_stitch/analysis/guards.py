@@ -77,6 +77,7 @@ IF_THEN_ELSE = "prim.if_then_else"  # the op name of tirx.if_then_else calls
 
 _CALLS: dict[str, Callable[..., np.ndarray]] = {
     "prim.likely": lambda x: x,
+    "tirx.tvm_thread_invariant": lambda x: x,  # a condition every thread agrees on
     IF_THEN_ELSE: np.where,
 }
 

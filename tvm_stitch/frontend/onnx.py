@@ -11,6 +11,7 @@ from tvm.ir import IRModule
 from tvm.relax.frontend.onnx import from_onnx
 from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter, _get_convert_map
 
+from ..symbolic import BOUNDS_ATTR
 from .outputs import OutputError, rewrite
 from .repairs import RepairError, repair
 from .shapes import CONVERTERS
@@ -108,15 +109,61 @@ def _constant_false(model: onnx.ModelProto, names: list[str]) -> bool:
     return value is not None and not bool(numpy_helper.to_array(value))
 
 
+DIM_MAX_KEY = "tvm_stitch.dim_max."
+"""Prefix of the ONNX metadata keys that declare the upper bound of a symbolic dimension:
+``tvm_stitch.dim_max.seq`` = ``"512"`` (what ``--dim-max seq=512`` means)."""
+
+
+def declared_dim_max(model: onnx.ModelProto) -> dict[str, int]:
+    """The upper bounds of symbolic dimensions that ``model``'s metadata declares
+    (``DIM_MAX_KEY``); raises ModelError for a value that is no positive integer."""
+    bounds = {}
+    for prop in model.metadata_props:
+        if not prop.key.startswith(DIM_MAX_KEY):
+            continue
+        if not prop.value.isdigit() or int(prop.value) < 1:
+            raise ModelError(f"metadata {prop.key!r} = {prop.value!r}: an upper bound must be "
+                             "a positive integer")
+        bounds[prop.key[len(DIM_MAX_KEY):]] = int(prop.value)
+    return bounds
+
+
+def with_dim_max(model: onnx.ModelProto, bounds: Mapping[str, int]) -> onnx.ModelProto:
+    """A copy of ``model`` whose metadata declares ``bounds`` for the symbolic dimensions of
+    its inputs that ``bounds`` names (``declared_dim_max`` reads them back); the others are
+    left out, so one set of bounds serves models with fewer dimensions."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    props = {p.key: p.value for p in out.metadata_props}
+    props.update({DIM_MAX_KEY + name: str(bound) for name, bound in bounds.items()
+                  if name in dim_params(model)})
+    onnx.helper.set_model_props(out, props)
+    return out
+
+
 def import_model(model: str | os.PathLike | onnx.ModelProto,
-                 shape_dict: dict[str, list[int]] | None = None) -> IRModule:
+                 shape_dict: dict[str, list[int]] | None = None,
+                 dim_max: Mapping[str, int] | None = None) -> IRModule:
     """Check an ONNX model and import it into Relax (weights become constants of ``main``).
 
     Outputs of multi-output ops that TVM's importer would get wrong (``frontend.outputs``),
     and nodes that meet a known bug of TVM's (``frontend.repairs``), are rewritten into ops it
     gets right, or refused; shape computations whose symbolic shape TVM's converters lose
-    are converted by ours (``frontend.shapes``)."""
+    are converted by ours (``frontend.shapes``). ``dim_max`` declares upper bounds of
+    symbolic dimensions (over those of the model's metadata, ``declared_dim_max``): ``main``
+    carries them (``symbolic.BOUNDS_ATTR``), and stitched kernels stage rows of those
+    lengths on chip, checked at run time; naming a dimension no input has raises
+    ModelError."""
     model = load(model)
+    bounds = {**declared_dim_max(model), **(dim_max or {})}
+    check_dims(model, bounds)
+    mod = _imported(model, shape_dict)
+    if bounds:
+        mod["main"] = mod["main"].with_attr(BOUNDS_ATTR, bounds)
+    return mod
+
+
+def _imported(model: onnx.ModelProto, shape_dict: dict[str, list[int]] | None) -> IRModule:
     try:
         model = repair(rewrite(model))
     except (OutputError, RepairError) as err:

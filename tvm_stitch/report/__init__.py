@@ -20,7 +20,7 @@ import onnx
 from ..frontend.onnx import ModelError, load
 from ..inspect_model import FLOW_ORDER, inspect_onnx, target_gpu
 from ..target import DEFAULT_TARGET, TargetSpec, target_argument
-from ..verify import dim_argument
+from ..verify import add_dim_max_argument, dim_argument
 from .mapping import Mapping, NodeMapping, NodePlace, Place, map_nodes
 from .measured import Measured, MeasuredError, load_measured, model_key
 from .page import render_page
@@ -29,10 +29,12 @@ from .page import render_page
 def write_report(model: str | os.PathLike | onnx.ModelProto, out: str | os.PathLike,
                  target: TargetSpec = DEFAULT_TARGET, *,
                  dims: MappingABC[str, int] | None = None,
-                 measured: str | os.PathLike | None = None) -> Path:
+                 measured: str | os.PathLike | None = None,
+                 dim_max: MappingABC[str, int] | None = None) -> Path:
     """Write the report of ``model`` for ``target`` to ``out``; returns its path.
 
-    ``dims`` sizes symbolic input dimensions as ``inspect_onnx`` takes them; ``measured`` is
+    ``dims`` sizes symbolic input dimensions and ``dim_max`` bounds them as
+    ``inspect_onnx`` takes them; ``measured`` is
     a results JSON of ``scripts/gpu_check.py`` whose entry for the model (by the zoo's
     metadata tags, else the file's stem) gives measured times. ModelError for a refused
     model, MeasuredError for a results file that is not such JSON, ValueError for a target
@@ -40,7 +42,7 @@ def write_report(model: str | os.PathLike | onnx.ModelProto, out: str | os.PathL
     proto = load(model)
     path = None if isinstance(model, onnx.ModelProto) else model
     times = None if measured is None else load_measured(measured, *model_key(proto, path))
-    inspection = inspect_onnx(model, target, flows=FLOW_ORDER, dims=dims)
+    inspection = inspect_onnx(model, target, flows=FLOW_ORDER, dims=dims, dim_max=dim_max)
     mapping = map_nodes(proto, inspection.flows[0].plan)
     out = Path(out)
     out.write_text(render_page(inspection, mapping, times), encoding="utf-8")
@@ -59,6 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dim", type=dim_argument, action="append", default=[],
                         metavar="NAME=SIZE",
                         help="size to count a symbolic input dimension at (each needs one)")
+    add_dim_max_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -66,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         target_gpu(args.target)
         path = write_report(args.model, args.out, args.target, dims=dict(args.dim),
-                            measured=args.measured)
+                            measured=args.measured, dim_max=dict(args.dim_max))
     except (ValueError, ModelError, MeasuredError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -55,6 +55,7 @@ from .blocks import (
     writer,
     written_params,
 )
+from .bounded import bound_on_chip, with_length_check
 from .grid_barrier import state_buffer
 from .layout import flatten_rows
 from .persistent import (
@@ -88,9 +89,17 @@ class Kernel:
 
 def kernel(func: tirx.PrimFunc, group: Group) -> Kernel:
     """The kernel of ``group``: ``emit``'s schedule, made persistent with grid barriers for a
-    Global group (its grid asserted to fit one wave), with the plan's launch bounds."""
+    Global group (its grid asserted to fit one wave), with the plan's launch bounds. Rows
+    of symbolic length staged for a declared bound (``Group.beyond_bound``) get the
+    re-reading body as well, behind a run-time check of the bound (``bounded``)."""
     sch = emit(func, group)
     out = sch.mod["main"]
+    beyond = group.beyond_bound
+    if beyond is not None:
+        assert beyond.mapping == group.mapping, (beyond.mapping, group.mapping)
+        out, relied = bound_on_chip(out)
+        assert relied, f"group {group.id} stages nothing of a symbolic size"
+        out = with_length_check(out, emit(func, beyond).mod["main"], relied)
     state, workspaces = None, ()
     if group.phases:
         launch = group.launch

@@ -62,7 +62,8 @@ def blocks_in(stmt: tirx.Stmt) -> list[str]:
     return [b.name_hint for b in found]
 
 
-def _is_block_loop(stmt: tirx.Stmt) -> bool:
+def is_block_loop(stmt: tirx.Stmt) -> bool:
+    """Whether ``stmt`` is a loop bound to ``blockIdx.x``."""
     return (isinstance(stmt, tirx.For) and stmt.kind == tirx.ForKind.THREAD_BINDING
             and stmt.thread_binding.thread_tag == "blockIdx.x")
 
@@ -134,7 +135,7 @@ def persistent(func: tirx.PrimFunc, grid: int, state: tirx.Buffer) -> tirx.PrimF
     block.
     """
     nests = root_statements(func)
-    if not all(_is_block_loop(n) for n in nests):
+    if not all(is_block_loop(n) for n in nests):
         raise Unstitchable("a phase of the kernel is not a launch nest over blockIdx.x")
     threads = {tuple(sorted(_thread_extents(n).items())) for n in nests}
     if len(threads) != 1:
@@ -182,7 +183,7 @@ def with_launch_bounds(func: tirx.PrimFunc, blocks_per_sm: int) -> tirx.PrimFunc
     value = tirx.IntImm("int32", blocks_per_sm)
 
     def on_for(loop: tirx.For) -> tirx.For:
-        if not _is_block_loop(loop):
+        if not is_block_loop(loop):
             return loop
         body = tirx.AttrStmt(tirx.IntImm("int32", 0), LAUNCH_BOUNDS_ATTR, value, loop.body)
         return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, body,
@@ -192,4 +193,4 @@ def with_launch_bounds(func: tirx.PrimFunc, blocks_per_sm: int) -> tirx.PrimFunc
 
 
 __all__ = ["persistent", "lift_workspaces", "with_launch_bounds", "with_root",
-           "root_statements", "blocks_in"]
+           "root_statements", "blocks_in", "is_block_loop"]

@@ -33,6 +33,7 @@ from ..plan import GROUP_ATTR, ComputeOp, Fallback, Group, Refusal, StitchPlan
 from ..schedule.decisions.choosing import Task, decisions_for
 from ..schedule.rows import Unstitchable, error_summary
 from ..schedule.rule import contraction_rules, is_scheduled, pads_matmul, schedule_func
+from ..symbolic import declared_bounds, with_bounds
 from .outline import outline
 from .unwrap_indices import unwrap_indices
 from .yardstick import Yardstick, global_bytes, yardstick_sizes
@@ -145,13 +146,14 @@ def _fuse_groups(mod: IRModule, draft: Draft) -> tuple[IRModule, dict[int | str,
         for i, (og, _) in enumerate(draft.operands)]
     if not requested:
         return mod, {}
+    bounds = declared_bounds(mod["main"].attrs)
     outlined, actual = outline(mod, draft.graphs, requested)
     fused = relax.transform.FuseTIR()(outlined)
     names = {key: actual[name] for key, (_, name) in zip(keys, requested, strict=True)}
     for name in names.values():
         gv = fused.get_global_var(name)
         if isinstance(fused[gv], tirx.PrimFunc):
-            fused[gv] = unwrap_indices(fused[gv])
+            fused[gv] = with_bounds(unwrap_indices(fused[gv]), bounds)
     return fused, names
 
 

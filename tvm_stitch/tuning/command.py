@@ -22,6 +22,7 @@ from tvm.ir import IRModule
 
 from ..frontend.onnx import ModelError, import_model, load
 from ..target import DEFAULT_TARGET, target_argument
+from ..verify import add_dim_max_argument
 from .cost import CostModel, load_model, model_of
 from .database import Database, DatabaseError
 from .kinds import ModelKind, RunnerKind
@@ -55,6 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "the directory of a saved model")
     parser.add_argument("--save-model", metavar="DIR", help="save the cost model there")
     parser.add_argument("--seed", type=int, default=0)
+    add_dim_max_argument(parser)
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     offline = parser.add_mutually_exclusive_group()
     offline.add_argument("--export", metavar="PACK",
@@ -141,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
     if args.import_results is not None:
         return _import(args)
     try:
-        mod = import_model(load(args.model))
+        mod = import_model(load(args.model), dim_max=dict(args.dim_max))
         database = Database(args.db)
         model = model_of(ModelKind(args.cost_model)) \
             if args.cost_model in set(ModelKind) else load_model(args.cost_model)

@@ -41,7 +41,7 @@ from tvm.target import Target
 
 from ...analysis.roofline import GPU
 from ...lowering import LoweredFunc, lower
-from ...plan import Choices, Group, MappingKind
+from ...plan import Choices, Group, MappingKind, StorageLevel
 from ...target import MAX_SHARED_MEMORY_PER_BLOCK, MAX_THREADS_PER_BLOCK
 from ..blocks import (
     LOCAL,
@@ -130,7 +130,35 @@ def decide(func: tirx.PrimFunc, group: Group, rows: int | None,
                              error_summary(err))
         reused = cache_reused_outputs(sch, func, SHARED)
         done = decide_rows(sch, func, group, rows, reused, budget, max_threads, gpu)
+        if done.mapping.length_bound:
+            done = _beyond_bound(func, done, rows, budget, max_threads, gpu)
     return _built(fused, done, target, gpu)
+
+
+def _beyond_bound(func: tirx.PrimFunc, done: Group, rows: int, budget: int,
+                  max_threads: int, gpu: GPU) -> Group:
+    """``done``, a row group whose rows of symbolic length are staged for a declared bound,
+    with the plan of its kernel's second body (``Group.beyond_bound``): the same threads,
+    re-reading what ``done`` stages and recomputing its Regional intermediates, run when the
+    length exceeds the bound. None is needed, and ``done`` is returned as it is, when
+    ``done`` stages nothing of the row's size."""
+    sch = s_tir.Schedule(func)
+    add_unit_loops(sch)
+    reused = cache_reused_outputs(sch, func, SHARED)
+    mapping = done.mapping
+    pinned = replace(done.choices, threads_per_row=mapping.threads_per_row,
+                     rows_per_block=mapping.rows_per_block, vector=mapping.vector,
+                     row_steps=None if mapping.row_steps == 1 else mapping.row_steps)
+    beyond = decide_rows(sch, func, replace(done, choices=pinned), rows, reused, budget,
+                         max_threads, gpu, bounded=False)
+    if not _on_chip(done) - _on_chip(beyond):  # all demoted: nothing sized for the bound
+        return done
+    differs = replace(beyond.mapping, mapped_length=mapping.mapped_length,
+                      length_bound=mapping.length_bound)
+    if differs != mapping:
+        raise Unstitchable(f"beyond the declared bound the rows would need another mapping "
+                           f"({beyond.mapping}) than within it ({mapping})")
+    return replace(done, beyond_bound=replace(beyond, mapping=mapping, choices=done.choices))
 
 
 def _built(fused: tirx.PrimFunc, done: Group, target: Target | None, gpu: GPU) -> Decided:
@@ -146,6 +174,10 @@ def _built(fused: tirx.PrimFunc, done: Group, target: Target | None, gpu: GPU) -
         scheduled = _schedule(fused, settled)
         lowered = _lower(scheduled, settled, target)
     return Decided(settled, scheduled, lowered)
+
+
+def _on_chip(group: Group) -> set[str]:
+    return {b.name for b in group.buffers if b.level is StorageLevel.SHARED}
 
 
 def _with_vector_plan(fused: tirx.PrimFunc, group: Group) -> Group:

@@ -73,9 +73,10 @@ def hold(sch: s_tir.Schedule, dec: Decisions, staging: Staging, mapping: ThreadM
          ) -> bool:
     """Hold the input ``staging`` in its threads' registers instead (``dec.held``), if every
     reader reads only its own elements and each thread holds at most
-    ``REGISTER_ROW_ELEMENTS`` of them; whether it is held."""
+    ``REGISTER_ROW_ELEMENTS`` of them (never for a row of symbolic length: a loop of
+    run-time extent holds nothing); whether it is held."""
     slots = _register_slots(staging, mapping, sch)
-    if not staging.own or slots > REGISTER_ROW_ELEMENTS:
+    if not staging.own or slots > REGISTER_ROW_ELEMENTS or mapping.length_expr:
         return False
     dec.held.append(replace(staging, note=f"{slots} element(s) of the row per thread"))
     return True

@@ -4,12 +4,13 @@ and per block, vertical packing, and the register cache a thread keeps of re-rea
 from __future__ import annotations
 
 from dataclasses import replace
+from math import prod
 
 from tvm import s_tir, tirx
 
 from ...analysis.roofline import GPU
 from ...plan import Buffer, BufferRole, Group, StorageLevel, ThreadMapping
-from ...symbolic import is_symbolic, symbolic_extent
+from ...symbolic import declared_bounds, is_symbolic, symbolic_extent, upper_bound
 from ..blocks import (
     buffer_params,
     child_blocks,
@@ -58,8 +59,11 @@ from .state import (
 
 
 def decide_rows(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: int,
-                reused: list[str], budget: int, max_threads: int, gpu: GPU) -> Group:
-    """Row group: every block walks the ``rows`` rows first (checked), then its elements."""
+                reused: list[str], budget: int, max_threads: int, gpu: GPU,
+                bounded: bool = True) -> Group:
+    """Row group: every block walks the ``rows`` rows first (checked), then its elements.
+    Rows of symbolic length are staged for the declared bounds of ``func``'s shape
+    variables when ``bounded`` (and they have some), else re-read."""
     check_applicable(group.choices, ROW_CHOICES, "a row")
     infos = {name_of(sch, b): block_rows(sch, b, rows) for b in child_blocks(sch)}
     check_alignment(sch, infos, rows, permuted=group.permuted_outputs)
@@ -69,13 +73,20 @@ def decide_rows(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: in
     decide_staging(sch, func, infos, rows, dec)
     longest = max(infos.values(), key=lambda info: info.elements)
     length = longest.elements
+    bound = None
     if is_symbolic(length):
-        _unbounded_rows(sch, dec)
+        sizes = [i.size for i in longest.element_iters]
+        extent = prod(sizes[1:], start=sizes[0])
+        bound = upper_bound(extent, declared_bounds(func.attrs)) if bounded else None
+        if bound is None:
+            _unbounded_rows(sch, dec)
+        else:
+            _bounded_rows(sch, dec, length, bound)
     choices = group.choices
     reread_chosen(dec, choices)
     dec.reductions = sum(1 for info in infos.values() if info.is_reduction)
     vector = chosen_vector(row_vector(length, widest_element(sch, func)), choices)
-    mapped = SYMBOLIC_ROW_LENGTH if is_symbolic(length) else length
+    mapped = (bound or SYMBOLIC_ROW_LENGTH) if is_symbolic(length) else length
     if is_symbolic(rows):  # packed rows: the last block's rows past the end are guarded
         mapping = replace(row_mapping(rows, mapped, None, max_threads, gpu, vector),
                           rows_expr=symbolic_extent([i.size for i in longest.row_iters]))
@@ -83,6 +94,7 @@ def decide_rows(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: in
         mapping = row_mapping(rows, mapped, rows, max_threads, gpu, vector)
     if is_symbolic(length):
         mapping = replace(mapping, row_length=length, mapped_length=mapped,
+                          length_bound=bound or 0,
                           length_expr=symbolic_extent([i.size for i in longest.element_iters]))
     mapping = chosen_row_mapping(mapping, choices, max_threads)
     hold_chosen(sch, dec, mapping, choices)
@@ -268,6 +280,26 @@ def _unbounded_rows(sch: s_tir.Schedule, dec: Decisions) -> None:
                                f"{error_summary(err)}") from err
         dec.regional.remove(s)
         dec.inlined.append(s.block)
+
+
+def _bounded_rows(sch: s_tir.Schedule, dec: Decisions, length: int, bound: int) -> None:
+    """Rows of symbolic ``length`` (its stand-in) at most ``bound`` long: what is staged per
+    row with the row's size is sized for ``bound``; the rest is re-read or recomputed as for
+    unbounded rows (``_unbounded_rows``), so that the two bodies differ in that alone."""
+    unsized = Decisions()
+    for s in [*dec.staged, *dec.regional]:
+        per_row = s.per_row // length * bound
+        if s.per_row % length or is_symbolic(per_row) or not is_symbolic(s.per_row):
+            (dec.staged if s in dec.staged else dec.regional).remove(s)
+            (unsized.staged if s.role is BufferRole.INPUT else unsized.regional).append(s)
+            continue
+        s.per_row = per_row
+        s.note += f", sized for the declared bound {bound}"
+    unsized.block_shared = [b for b in dec.block_shared if is_symbolic(b.size)]
+    dec.block_shared = [b for b in dec.block_shared if not is_symbolic(b.size)]
+    _unbounded_rows(sch, unsized)
+    dec.global_reads += unsized.global_reads
+    dec.inlined += unsized.inlined
 
 
 def _single_value(buffer: tirx.Buffer) -> bool:
