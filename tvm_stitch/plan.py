@@ -265,6 +265,10 @@ class Buffer:
     ``registers`` is the elements each thread holds of a buffer whose register size the plan
     fixes (the partial sums of a column reduction kept in registers), 0 otherwise.
     ``readers`` are the blocks of later phases that read a crossing buffer's copy.
+    ``across_barriers`` marks an input of a split row group staged per sub-row by the first
+    phase that reads it and kept in shared memory across the grid barriers, for the later
+    phases: right only while every block keeps its sub-row, that is, while the grid holds
+    every task at once.
     """
 
     name: str
@@ -276,6 +280,7 @@ class Buffer:
     per_block: bool = False
     registers: int = 0
     readers: tuple[str, ...] = ()
+    across_barriers: bool = False
 
 
 @dataclass(frozen=True)

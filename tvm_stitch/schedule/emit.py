@@ -72,7 +72,12 @@ from .reduction_guards import keep_write_back_guards
 from .registers import hold_inputs
 from .row_permutation import RowPermutation, permute_rows
 from .rows import Unstitchable, iters_of, row_element_map
-from .task_split import combine_per_reader, split_output_copies, split_rows
+from .task_split import (
+    combine_per_reader,
+    split_input_copies,
+    split_output_copies,
+    split_rows,
+)
 from .vectors import aligned_vectors, lanes_fit_booleans, spatial_block
 
 
@@ -105,6 +110,8 @@ def kernel(func: tirx.PrimFunc, group: Group) -> Kernel:
         launch = group.launch
         if launch is None or launch.grid > launch.wave:
             raise Unstitchable(f"a persistent grid must fit one wave: {launch}")
+        assert launch.grid >= max(p.tasks for p in group.phases) or not any(
+            b.across_barriers for b in group.buffers), "kept on chip: a task per block"
         state = state_buffer()
         params = list(out.params)
         first_output = min(params.index(p) for p in written_params(out, sch))
@@ -145,7 +152,9 @@ class Rewritten:
     and write-out blocks (``partials``), the partial sums kept in registers (``held``:
     accumulator -> slots per thread), the phase of every block (``phase_of``), each row
     phase's row blocks (``row_blocks``) and the caches staged for it once per tile and once
-    per row (``tile_caches``, ``row_caches``)."""
+    per row (``tile_caches``, ``row_caches``), and the copies of inputs kept in shared memory
+    across its grid barriers (``kept``: made in the first phase that reads them, as a task of
+    their own, since later phases read them too)."""
 
     sch: s_tir.Schedule
     block_caches: list[str]
@@ -155,6 +164,7 @@ class Rewritten:
     row_blocks: dict[int, set[str]] = field(default_factory=dict)
     tile_caches: dict[int, list[SBlockRV]] = field(default_factory=dict)
     row_caches: dict[int, list[SBlockRV]] = field(default_factory=dict)
+    kept: frozenset[str] = frozenset()
 
     def vectorisable(self) -> list[SBlockRV]:
         """The blocks whose accesses the mapping may take in vectors: every block of a row
@@ -487,9 +497,11 @@ def _rewritten_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group) ->
     if group.row_split > 1:
         split_output_copies(sch, cached, mapping.rows // group.row_split, group.row_split)
     block_caches = _apply_storage(sch, func, group)
+    kept = split_input_copies(sch, [b.name for b in group.buffers if b.across_barriers],
+                              mapping.rows // group.row_split, group.row_split)
     sch = combine_per_reader(sch, func)
     sums = {b.block: b for b in group.buffers if b.role is BufferRole.ACCUMULATOR}
-    done = Rewritten(sch, block_caches)
+    done = Rewritten(sch, block_caches, kept=frozenset(kept))
     for name in columns:
         row, _ = sch.get_loops(sch.get_sblock(name))
         tile, _ = sch.split(row, [mapping.rows // mapping.row_steps, mapping.row_steps])
@@ -532,7 +544,8 @@ def _map_global(done: Rewritten, group: Group) -> s_tir.Schedule:
             _map_row_phase(sch, mapping, done.row_blocks[index],
                            [done.partials[c][0] for c in mine],
                            [done.partials[c][1] for c in mine], done.tile_caches[index],
-                           done.row_caches[index], phase, done.held, group.scalar_blocks)
+                           done.row_caches[index], phase, done.held, group.scalar_blocks,
+                           done.kept)
         else:
             _map_column_phase(sch, mapping.threads_per_block, list(phase.combines),
                               [n for n in phase.blocks if n not in phase.combines],
@@ -650,7 +663,7 @@ def _reorder_by_phase(sch: s_tir.Schedule, phase_of: dict[str, int], last: set[s
 def _map_row_phase(sch: s_tir.Schedule, mapping: ThreadMapping, names: set[str],
                    accumulators: list[str], write_outs: list[str], caches: list[SBlockRV],
                    row_caches: list[SBlockRV], phase: Phase, held: dict[str, int],
-                   scalar: tuple[str, ...]) -> None:
+                   scalar: tuple[str, ...], kept: frozenset[str] = frozenset()) -> None:
     """A row phase: its row blocks (``names``, in (row, element) form) mapped as
     ``_map_rows`` does (the blocks of ``scalar`` without vectors) with one row per
     block at a time, inputs staged once per tile (``caches``) before its rows and once per
@@ -669,6 +682,8 @@ def _map_row_phase(sch: s_tir.Schedule, mapping: ThreadMapping, names: set[str],
         _map_lanes(sch, mapping, accumulators[0], write_outs[0], column_tiles, scalar)
         return
     sinks, others = split_sinks(sch, names | set(accumulators))
+    moved = [b for b in others if name_of(sch, b) in kept]  # later phases read them too
+    sinks, others = moved + sinks, [b for b in others if b not in moved]
     heads, steps, bindings = [], [], []
     for block in sinks:
         if name_of(sch, block) in accumulators:

@@ -239,6 +239,24 @@ def reads_own_element(info: BlockRows, region: tvm.ir.TensorRegion, rows: int) -
     return ana.can_prove_equal(theirs, mine)
 
 
+def reads_own_position(info: BlockRows, region: tvm.ir.TensorRegion) -> bool:
+    """Whether the access reads one element at the block's own position, both counted
+    row-major over the whole buffer and the whole iteration space: ``x[r // 4, r % 4 * 600
+    + e]`` in a block over the 600-element sub-rows ``(r, e)`` of rows of 2400 does. The
+    block then reads the buffer as a view of its own rows, whatever the buffer's shape."""
+    dims = list(region.region)
+    shape = list(region.source.shape)
+    ana = _bound(info)
+    if not dims or any(_has_load(r.min) for r in dims) \
+            or not all(ana.can_prove_equal(r.extent, 1) for r in dims):
+        return False
+    theirs = _row_index([r.min for r in dims], shape)
+    mine = _row_index([i.var for i in info.iters], [i.size for i in info.iters])
+    if theirs.ty.dtype != mine.ty.dtype:
+        theirs = tirx.Cast(str(mine.ty.dtype), theirs)
+    return ana.can_prove_equal(theirs, mine)
+
+
 def rows_sharing(info: BlockRows, region: tvm.ir.TensorRegion) -> int:
     """How many consecutive rows (in aligned runs) read the same data through this access:
     all of them for data that does not depend on the row (a bias), the product of the inner

@@ -79,9 +79,33 @@ def split_output_copies(sch: s_tir.Schedule, outputs: list[str], rows: int,
             raise Unstitchable(f"output {name}: rows of {length} elements do not split into "
                                f"{parts} parts")
         _split_writes(sch, producer, set(), rows, parts, length // parts)
-        if shape != [rows, length]:
-            sch.transform_block_layout(copy_out, _as_rows(shape, length, copy_out, sch))
-        sch.transform_block_layout(copy_out, _sub_rows(parts, length // parts, copy_out, sch))
+        _as_sub_rows(sch, copy_out, shape, rows, parts)
+
+
+def split_input_copies(sch: s_tir.Schedule, inputs: list[str], rows: int, parts: int
+                       ) -> list[str]:
+    """Lay out as sub-rows the shared copies of the split group's ``inputs`` (staged after
+    ``split_rows``, each read by its copy block alone): the copy, and the copy block, which
+    iterates the input's shape; returns the copy blocks' names."""
+    names = []
+    for name in inputs:
+        (copy,) = [b for b in child_blocks(sch)
+                   if any(r.source.name == name for r in sch.get(b).reads)]
+        shape = [int(d) for d in sch.get(copy).reads[0].source.shape]
+        length = prod(shape) // rows
+        _split_writes(sch, copy, set(), rows, parts, length // parts)
+        _as_sub_rows(sch, copy, shape, rows, parts)
+        names.append(name_of(sch, copy))
+    return names
+
+
+def _as_sub_rows(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, shape: list[int],
+                 rows: int, parts: int) -> None:
+    """``block``, which iterates a buffer of ``shape`` (``rows`` rows), over its sub-rows."""
+    length = prod(shape) // rows
+    if shape != [rows, length]:
+        sch.transform_block_layout(block, _as_rows(shape, length, block, sch))
+    sch.transform_block_layout(block, _sub_rows(parts, length // parts, block, sch))
 
 
 def _index_dtype(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> str:

@@ -161,8 +161,13 @@ class SimtFunction:
                 continue
             names = self.grid_barriers.launches(launch.kernel, math.prod(grid),
                                                 concurrent_work_groups())
+            spills = [] if names == [launch.kernel] else [
+                cl.Buffer(ctx, mf.READ_WRITE, s.nbytes)
+                for s in self.grid_barriers.spills.get(launch.kernel, [])]
             for name in names:
                 cl_kernel = self._kernels[name]
+                for i, spill in enumerate(spills, start=len(kernel.params)):
+                    cl_kernel.set_arg(i, spill)
                 for i, (param, arg) in enumerate(zip(kernel.params, launch.args, strict=True)):
                     if isinstance(arg, BufferArg):
                         cl_kernel.set_arg(i, cl_buffers[arg.index])

@@ -232,6 +232,11 @@ def _settle_launch(group: Group, lowered: LoweredFunc, gpu: GPU) -> Group:
     settled = launch_of(gpu, launch.threads, declared, launch.grid)
     if group.phases:
         settled = replace(settled, grid=min(launch.grid, settled.wave))
+        if settled.grid < max(p.tasks for p in group.phases) \
+                and any(b.across_barriers for b in group.buffers):
+            raise Unstitchable(f"inputs kept on chip across the grid barriers need a block "
+                               f"per task, and {declared} B of shared memory leave a wave "
+                               f"of {settled.wave} blocks")
     return replace(group, launch=settled)
 
 

@@ -23,9 +23,17 @@ from ...plan import (
 )
 from ...symbolic import is_symbolic
 from ...target import WARP_SIZE
-from ..blocks import SHARED, cache_reused_outputs, load_count, name_of, readers
+from ..blocks import (
+    SHARED,
+    buffer_params,
+    cache_reused_outputs,
+    load_count,
+    name_of,
+    readers,
+    written_params,
+)
 from ..mapping import row_mapping, row_vector
-from ..occupancy import cached_elements_cap
+from ..occupancy import aligned_shared, cached_elements_cap
 from ..phases import (
     BlockRole,
     Roles,
@@ -37,7 +45,14 @@ from ..phases import (
     normalise_column,
     register_sum,
 )
-from ..rows import BlockRows, Unstitchable, block_rows, error_summary, rows_sharing
+from ..rows import (
+    BlockRows,
+    Unstitchable,
+    block_rows,
+    error_summary,
+    reads_own_position,
+    rows_sharing,
+)
 from ..task_split import combine_per_reader, split_output_copies
 from .budget import fit_budget
 from .chosen import (
@@ -51,6 +66,7 @@ from .chosen import (
 from .rows import check_alignment, decide_inlining, decide_staging, register_cache
 from .state import (
     Decisions,
+    Staging,
     bytes_of,
     cap_text,
     launch_of,
@@ -188,6 +204,16 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
                                            f"{mapping.row_steps} rows of a tile"))
     phases = _phases(roles, tiles, mapping.threads_per_block, column_tiles,
                      {b.block for b in staged})
+    if split > 1:
+        tasks = max(p.tasks for p in phases)
+        for s in sorted(_kept_across_barriers(sch, func, roles, infos, phases, mapping, rows),
+                        key=lambda s: s.per_row):
+            more = shared + aligned_shared(s.per_row)
+            if more > budget or launch_of(gpu, mapping.threads_per_block, more).wave < tasks:
+                continue  # re-read in each phase that reads it, as a split row does
+            dec.global_reads = [b for b in dec.global_reads if b.name != s.name]
+            dec.staged.append(s)
+            shared, launch = more, launch_of(gpu, mapping.threads_per_block, more)
     grid = min(launch.wave, max(p.tasks for p in phases))
     partials = tuple(
         Buffer(name, BufferRole.PARTIAL, StorageLevel.GLOBAL, 0,
@@ -206,6 +232,40 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
                    shared_bytes=shared, shared_budget=budget,
                    demotions=tuple(dec.demotions), launch=replace(launch, grid=grid),
                    phases=phases)
+
+
+def _kept_across_barriers(sch: s_tir.Schedule, func: tirx.PrimFunc, roles: Roles,
+                          infos: dict[str, BlockRows], phases: tuple[Phase, ...],
+                          mapping: ThreadMapping, rows: int) -> list[Staging]:
+    """Inputs of a split row group that its row blocks read in several phases, at two places
+    or more, each read at the block's own position of its sub-row (``reads_own_position``):
+    staged per sub-row in shared memory in the first phase and kept there across the grid
+    barriers. A block keeps its shared memory across a grid barrier, and here its sub-row
+    too: every row phase has a task per sub-row (one sub-row per block at a time, no column
+    tiles), so with every task resident at once (the caller checks the grid's wave) block
+    ``b`` has sub-row ``b`` in every phase. The row is then read from global memory once,
+    not once per phase."""
+    row_phases = [p for p in phases if p.kind is PhaseKind.ROWS]
+    if mapping.row_steps != 1 or any(p.tasks != rows for p in row_phases):
+        return []
+    written = {p.name for p in written_params(func, sch)}
+    kept = []
+    for param in buffer_params(func):
+        users = readers(sch, param)
+        names = [name_of(sch, u) for u in users]
+        if param.name in written or not users or any(n not in infos for n in names) \
+                or len({roles.levels[n] for n in names}) < 2:
+            continue
+        regions = [(infos[n], r) for u, n in zip(users, names, strict=True)
+                   for r in sch.get(u).reads if r.source.same_as(param)]
+        if all(reads_own_position(info, r) for info, r in regions):
+            levels = {roles.levels[n] for n in names}
+            kept.append(Staging(param.name, BufferRole.INPUT,
+                                mapping.row_length * bytes_of(param),
+                                f"read in {len(levels)} phases: staged per sub-row by the "
+                                "first and kept across the grid barriers", own=True,
+                                kept=True))
+    return kept
 
 
 def _column_sums(sch: s_tir.Schedule, phases: tuple[Phase, ...], threads: int

@@ -27,6 +27,7 @@ class Staging:
     note: str = ""
     block: str = ""  # writer block (for intermediates that may be recomputed)
     own: bool = False  # (an input) every reader reads only the element it is at
+    kept: bool = False  # (an input of a split row) kept on chip across grid barriers
 
     def bytes_for(self, rows_per_block: int) -> int:
         """Shared bytes for ``rows_per_block`` rows at a time."""
@@ -120,7 +121,7 @@ def plan_buffers(dec: Decisions, mapping: ThreadMapping, reused: list[str]) -> t
                           "written out and read inside the kernel"))
     for s in dec.regional + dec.staged:
         out.append(Buffer(s.name, s.role, StorageLevel.SHARED, s.bytes_for(rpb), s.note,
-                          s.block))
+                          s.block, across_barriers=s.kept))
     for s in dec.results + dec.held:
         out.append(Buffer(s.name, s.role, StorageLevel.REGISTER, 0, s.note, s.block))
     rows = mapping.rows_per_block * mapping.row_steps
