@@ -19,8 +19,8 @@ def aligned_vectors(block: s_tir.stmt.SBlock, vector: int) -> bool:
     warp's load then spans ``vector`` times the cache lines it uses, where a scalar block
     keeps consecutive threads on consecutive elements. Booleans limit the lanes
     (``MAX_BOOLEAN_LANES``)."""
-    if not lanes_fit_booleans(block, vector):
-        return False
+    if not block.iter_vars or not lanes_fit_booleans(block, vector):
+        return False  # a block of no iterators computes one value: no vector moves
     inner = block.iter_vars[-1]
     extent = inner.dom.extent
     if not isinstance(extent, tirx.IntImm) or int(extent) % vector:
