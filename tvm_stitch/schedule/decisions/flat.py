@@ -27,6 +27,13 @@ from ..vectors import lanes_fit_booleans
 from .chosen import FLAT_CHOICES, check_applicable, chosen_threads
 from .state import elements_of, grid_of, launch_of, widest_element, writes_param
 
+HELD_LANES = 4
+"""Most elements per access of an element-wise kernel whose threads keep a computed
+intermediate in registers for several readers: ptxas spilled a float16 sigmoid kept for two
+readers in vectors of 8 at every launch bound tried (16-72 B, fuzz graph 2612:22) and not in
+vectors of 4; float32 never takes more than 4. A kept copy of an input (read at two places)
+costs no arithmetic and keeps its 8 lanes."""
+
 
 def decide_flat(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, reused: list[str],
                 max_threads: int, gpu: GPU) -> Group:
@@ -78,6 +85,11 @@ def decide_flat(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, reused: 
                      chosen_threads(0, group.choices.block_threads, max_threads,
                                     "threads per block") or None),
         rows_expr=size_expr), group.choices, widest)
+    if kept and mapping.vector > HELD_LANES:
+        if group.choices.vector is not None:
+            raise Unstitchable(f"vectors of {mapping.vector}: threads that keep intermediates "
+                               f"in registers take at most {HELD_LANES} elements per access")
+        mapping = replace(mapping, vector=HELD_LANES)
     regions = [r for b in child_blocks(sch) for r in (*sch.get(b).reads, *sch.get(b).writes)]
     if (kept or staged or reused) and (
             any(_reshaped(r) or _splits_vectors(r, mapping.vector) for r in regions)
