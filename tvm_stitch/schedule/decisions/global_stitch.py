@@ -237,8 +237,8 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
 def _kept_across_barriers(sch: s_tir.Schedule, func: tirx.PrimFunc, roles: Roles,
                           infos: dict[str, BlockRows], phases: tuple[Phase, ...],
                           mapping: ThreadMapping, rows: int) -> list[Staging]:
-    """Inputs of a split row group that its row blocks read in several phases, at two places
-    or more, each read at the block's own position of its sub-row (``reads_own_position``):
+    """Inputs of a split row group that its row blocks read in several phases, each read at
+    the block's own position of its sub-row (``reads_own_position``):
     staged per sub-row in shared memory in the first phase and kept there across the grid
     barriers. A block keeps its shared memory across a grid barrier, and here its sub-row
     too: every row phase has a task per sub-row (one sub-row per block at a time, no column
