@@ -12,6 +12,7 @@ from tvm.relax.frontend.onnx import from_onnx
 from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter, _get_convert_map
 
 from ..symbolic import BOUNDS_ATTR
+from .lost_shapes import ShapeCheck
 from .outputs import OutputError, rewrite
 from .repairs import RepairError, repair
 from .shapes import CONVERTERS
@@ -170,6 +171,8 @@ def _imported(model: onnx.ModelProto, shape_dict: dict[str, list[int]] | None) -
         raise ModelError(str(err)) from err
     failed_ops: list[str] = []
     convert = ONNXGraphImporter._convert_operator
+    shapes = ShapeCheck(model, dim_params(model))
+    lost: list[str] = []  # refused after TVM's importer returns: it prints a converter's error
 
     def recording_convert(self: ONNXGraphImporter, op_name: str, inputs: list, attrs: dict,
                           opset: int) -> object:
@@ -179,17 +182,25 @@ def _imported(model: onnx.ModelProto, shape_dict: dict[str, list[int]] | None) -
                                                 [self._nodes, self._params])
         if result is None:
             result = convert(self, op_name, inputs, attrs, opset)
+        why = shapes.lost(attrs.get("tvm_custom", {}).get("name", ""), op_name, result)
+        if why is not None:
+            lost.append(why)
         failed_ops.pop()
         return result
 
     ONNXGraphImporter._convert_operator = recording_convert
     try:
-        return from_onnx(model, shape_dict=shape_dict, keep_params_in_input=False)
+        mod = from_onnx(model, shape_dict=shape_dict, keep_params_in_input=False)
     except Exception as err:  # TVM raises many types; keep its message, add the node
+        if lost:
+            raise ModelError(lost[0]) from err
         where = _nodes_of(model, failed_ops[-1]) if failed_ops else "the graph"
         raise ModelError(f"TVM's ONNX importer failed on {where}: {err}") from err
     finally:
         ONNXGraphImporter._convert_operator = convert
+    if lost:
+        raise ModelError(lost[0])
+    return mod
 
 
 def _nodes_of(model: onnx.ModelProto, op_type: str) -> str:
