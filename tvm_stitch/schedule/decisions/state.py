@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from math import prod
 
+import tvm_ffi
 from tvm import s_tir, tirx
 
 from ...analysis.roofline import GPU
@@ -91,12 +92,22 @@ def bytes_of(buffer: tirx.Buffer) -> int:
 
 
 def widest_element(sch: s_tir.Schedule, func: tirx.PrimFunc) -> int:
-    """Bytes of the widest element any block reads or writes, parameters and intermediates
-    alike: a vector must fit ``VECTOR_BYTES`` in every dtype it is applied to (a float16
-    kernel that normalises in float32 takes four lanes, not eight)."""
-    regions = (r for b in child_blocks(sch) for r in (*sch.get(b).reads, *sch.get(b).writes))
+    """Bytes of the widest element any block reads, writes or computes, parameters,
+    intermediates and floating-point values cast inside a block alike (not the index casts
+    of its accesses): a vector must fit ``VECTOR_BYTES``
+    in every dtype it is applied to (a float16 kernel that normalises in float32 takes four
+    lanes, not eight; so does one that casts to float32 and back in one inlined block, whose
+    float32 vector of eight TVM's CUDA code generator prints as a ``ulonglong4`` made of
+    eight floats, which nvcc rejects: fuzz graph 3120:47)."""
+    blocks = [sch.get(b) for b in child_blocks(sch)]
+    regions = (r for b in blocks for r in (*b.reads, *b.writes))
+    casts: list[tirx.Cast] = []
+    for block in blocks:
+        tvm_ffi.structural_walk(block.body, [(tirx.Cast, casts.append)])
     return max([bytes_of(p) for p in buffer_params(func)]
-               + [bytes_of(r.source) for r in regions])
+               + [bytes_of(r.source) for r in regions]
+               + [c.ty.dtype.bits * c.ty.dtype.lanes // 8 for c in casts
+                  if str(c.ty.dtype).startswith(("float", "bfloat"))])
 
 
 def shared_bytes_of(dec: Decisions, mapping: ThreadMapping) -> int:
