@@ -49,7 +49,8 @@ class Spill:
 
 def spilled(kernel: tirx.PrimFunc, names: list[str]) -> tuple[tirx.PrimFunc, list[Spill]]:
     """``kernel`` with each shared buffer of ``names`` made work-group ``g``'s slice of a
-    global buffer (elements ``[g * n, (g + 1) * n)`` of a trailing parameter) instead; raises
+    global buffer (elements ``[g * n, (g + 1) * n)`` of a trailing parameter) instead, and
+    so is every buffer TVM declares in its memory once it is dead (fuzz graph 3120:56); raises
     LoweringError for a buffer it cannot move (not one dimension of constant size, or used
     other than by loads and stores)."""
     extents: list[tuple[tvm.ir.Var, int]] = []
@@ -78,6 +79,19 @@ def spilled(kernel: tirx.PrimFunc, names: list[str]) -> tuple[tirx.PrimFunc, lis
             ty.dtype, "global", [tirx.IntImm("int32", blocks * size)], (), ty.elem_offset,
             ty.data_alignment, ty.offset_factor, None, ()))
         moved.append((old, new, data, size))
+    spilled_buffers = len(moved)
+    decls: list[tirx.DeclBuffer] = []
+    tvm_ffi.structural_walk(kernel.body, [(tirx.DeclBuffer, decls.append)])
+    for decl in decls:  # TVM's storage rewrite reuses a dead buffer's memory for another
+        of = _aliased(decl, moved[:spilled_buffers])
+        if of is None:
+            continue
+        alias, (old, new, data, size) = decl.buffer, of
+        if not tvm_ffi.structural_equal(alias.ty.shape, old.ty.shape) \
+                or str(alias.ty.dtype) != str(old.ty.dtype):
+            raise LoweringError(f"{alias.name} reuses the memory of {old.name} in another "
+                                "shape or type, and cannot be spilled with it")
+        moved.append((alias, tvm.ir.Var(f"{alias.name}_spill", new.ty), data, size))
 
     def find(var: tvm.ir.Var) -> tuple | None:  # by identity: a Var's == builds an expression
         return next((m for m in moved if m[0].same_as(var)), None)
@@ -98,22 +112,32 @@ def spilled(kernel: tirx.PrimFunc, names: list[str]) -> tuple[tirx.PrimFunc, lis
         return store if found is None else tirx.BufferStore(
             found[1], store.value, index(found[3], store.indices))
 
-    def on_alloc(alloc: tirx.AllocBuffer) -> tirx.Stmt:
+    def on_alloc(alloc: tirx.AllocBuffer | tirx.DeclBuffer) -> tirx.Stmt:
         found = find(alloc.buffer)
         return alloc if found is None else tirx.DeclBuffer(found[1], data=found[2])
 
     body = tvm_ffi.structural_map(kernel.body, [(tvm.ir.TensorLoad, on_load),
                                                 (tirx.BufferStore, on_store),
-                                                (tirx.AllocBuffer, on_alloc)])
+                                                (tirx.AllocBuffer, on_alloc),
+                                                (tirx.DeclBuffer, on_alloc)])
     left: list[tvm.ir.Var] = []
     tvm_ffi.structural_walk(body, [(tvm.ir.Var, lambda v: left.append(v) if find(v) else None)])
-    if left or len(moved) != len(names):
+    if left or spilled_buffers != len(names):
         raise LoweringError(f"cannot spill {sorted(names)}: not all are one-dimensional "
                             "shared buffers used by loads and stores alone")
-    params = [*kernel.params, *(data for _, _, data, _ in moved)]
+    params = [*kernel.params, *(data for _, _, data, _ in moved[:spilled_buffers])]
     spills = [Spill(old.name, blocks * size * np.dtype(str(old.ty.dtype)).itemsize)
-              for old, _, _, size in moved]
+              for old, _, _, size in moved[:spilled_buffers]]
     return tirx.PrimFunc(params, body, kernel.ret_type, kernel.attrs), spills
+
+
+def _aliased(decl: tirx.DeclBuffer, moved: list[tuple]) -> tuple | None:
+    """The entry of ``moved`` whose memory ``decl`` declares a buffer in
+    (``T.decl_buffer(..., data=old.data)``), or None."""
+    data = decl.data
+    if not isinstance(data, tvm.ir.Call) or len(data.args) != 1:
+        return None
+    return next((m for m in moved if m[0].same_as(data.args[0])), None)
 
 
 class GridTooLarge(RuntimeError):
