@@ -42,6 +42,7 @@ class MappingKind(StrEnum):
     BLOCK_PER_ROW = "block-per-row"  # one thread block reduces one long row
     WARP_PER_ROW = "warp-per-row"  # a warp (or sub-warp) per short row, rows packed per block
     FLAT = "flat"  # no reduction: one element per thread
+    ROW_WALK = "row-walk"  # no reduction: a thread owns a vector of columns and walks rows
 
 
 class StorageLevel(StrEnum):
@@ -143,8 +144,9 @@ class Choices:
     walked in sequence, elements per access, threads per block of an element-wise kernel,
     parts per row of task splitting (1: none), column tiles of a Global group's row phases
     (1: none), the inputs re-read from global memory rather than staged on chip, and the
-    inputs held in their threads' registers rather than staged per row, and whether a row
-    group's reductions read their inputs a vector at a time (``vector_reads``).
+    inputs held in their threads' registers rather than staged per row, whether a row
+    group's reductions read their inputs a vector at a time (``vector_reads``), and whether
+    an element-wise group walks its rows (``walk_rows``: a ROW_WALK mapping, else FLAT).
     ``schedule.decisions`` applies them and raises Unstitchable for an illegal one; the
     candidate space (``tuning.space``) offers only legal ones."""
 
@@ -158,6 +160,7 @@ class Choices:
     reread: tuple[str, ...] = ()
     held: tuple[str, ...] = ()
     vector_reads: bool | None = None
+    walk_rows: bool | None = None
 
     def __str__(self) -> str:
         fixed = [f"{f.name.replace('_', ' ')} {getattr(self, f.name)}" for f in fields(self)
@@ -176,7 +179,11 @@ class ThreadMapping:
     groups of rows in sequence (vertical packing). Element-wise blocks access ``vector``
     consecutive elements at once (vectorised loads and stores). For a FLAT mapping a row is
     one element and ``rows_per_block`` threads run on threadIdx.x, each on ``vector``
-    elements. ``rows_expr`` is set when the row (element) count is symbolic: the expression
+    elements. For a ROW_WALK mapping (an element-wise group) each thread owns ``vector``
+    columns of a row (a row takes ``column_blocks`` blocks of ``threads_per_row`` threads) and
+    the block's threads walk ``row_steps`` groups of ``rows_per_block`` rows, each thread
+    keeping in registers what it reads alike for every row (a bias). ``rows_expr`` is set
+    when the row (element) count is symbolic: the expression
     the kernel computes its grid from at run time; ``rows`` is then its stand-in
     (``tvm_stitch.symbolic``), and ``blocks`` means nothing. ``length_expr`` is set when
     the row length is symbolic: each thread then walks the row in a loop of run-time extent,
@@ -212,9 +219,17 @@ class ThreadMapping:
         return self.rows_per_block * self.row_steps * per_thread
 
     @property
+    def column_blocks(self) -> int:
+        """Thread blocks side by side on one row: a ROW_WALK mapping's row may take more
+        threads than one block has; 1 for every other kind."""
+        if self.kind is not MappingKind.ROW_WALK:
+            return 1
+        return self.row_length // (self.threads_per_row * self.vector)
+
+    @property
     def blocks(self) -> int:
         """Thread blocks in the grid."""
-        return -(-self.rows // self.rows_per_grid_block)
+        return -(-self.rows // self.rows_per_grid_block) * self.column_blocks
 
     def __str__(self) -> str:
         rows = f"{self.rows_expr} (symbolic)" if self.rows_expr else str(self.rows)
@@ -225,6 +240,8 @@ class ThreadMapping:
             return (f"flat: {rows} elements, {self.rows_per_block} threads per block"
                     f"{vector}, {blocks}")
         steps = f", {self.row_steps} rows in sequence" if self.row_steps > 1 else ""
+        if self.column_blocks > 1:
+            steps += f", {self.column_blocks} blocks per row"
         bound = f"at most {self.length_bound} declared, " if self.length_bound else ""
         length = (f"{self.length_expr} (symbolic, {bound}mapped for {self.mapped_length})"
                   if self.length_expr else str(self.row_length))

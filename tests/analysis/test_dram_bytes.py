@@ -23,7 +23,7 @@ def test_broadcast_operands_reach_dram_once(model, width: int) -> None:
     small = [b for b in kernel.traffic.buffers.values() if b.size_bytes == width * 4]
     assert small and all(b.read_bytes > b.size_bytes for b in small), "re-read per block"
     assert all(b.l2_bytes == b.read_bytes - b.size_bytes for b in small)
-    assert report.traffic_ratio > 1.2
+    assert report.traffic_ratio > report.dram_ratio  # the re-reads are accessed, from L2
     assert report.dram_ratio == pytest.approx(1.0, abs=1e-3)
     assert report.to_dict()["dram_ratio"] == report.dram_ratio
 

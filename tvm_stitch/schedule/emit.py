@@ -137,6 +137,9 @@ def emit(func: tirx.PrimFunc, group: Group) -> s_tir.Schedule:
         _map_flat(sch, group.mapping, group.scalar_blocks)
         return sch
     mapping = group.mapping
+    if mapping.kind is MappingKind.ROW_WALK:
+        _map_row_walk(sch, mapping, done.block_caches, group.scalar_blocks)
+        return sch
     _map_rows(sch, mapping, done.block_caches, group.scalar_blocks, group.vector_reads)
     if mapping.rows_per_block > 1 and (
             mapping.rows_expr or mapping.rows % mapping.rows_per_block):  # a guarded last block
@@ -240,8 +243,8 @@ def _apply_storage(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group) -> li
 
 def on_chip_scope(mapping: ThreadMapping) -> str:
     """Where a kernel keeps what it reuses: registers when each thread owns its elements
-    (flat mapping), shared memory when the threads of a row share them."""
-    return LOCAL if mapping.kind is MappingKind.FLAT else SHARED
+    (flat and row-walk mappings), shared memory when the threads of a row share them."""
+    return LOCAL if mapping.kind in (MappingKind.FLAT, MappingKind.ROW_WALK) else SHARED
 
 
 def stage_input(sch: s_tir.Schedule, func: tirx.PrimFunc, name: str, scope: str) -> SBlockRV:
@@ -349,6 +352,40 @@ def _map_rows(sch: s_tir.Schedule, mapping: ThreadMapping, block_caches: list[st
             sch, block, fused, [None, mapping.rows_per_block, mapping.threads_per_row],
             mapping.vector, scalar)
         _bind_threads(sch, mapping, row_in_block, thread)
+
+
+def _map_row_walk(sch: s_tir.Schedule, mapping: ThreadMapping, block_caches: list[str],
+                  scalar: tuple[str, ...]) -> None:
+    """Row walk over blocks in (row, element) form: every sink's rows split over
+    (blockIdx.x, row steps, threadIdx.y) and its row over (blockIdx.x, threadIdx.x, vector
+    lanes), the steps inside the threads; every other block computed at the step (its registers: the
+    thread's vector of one row), the inputs staged once per block (``block_caches``) at the
+    thread, above the steps (its vector, for every row it walks); lanes vectorised, except
+    in the blocks of ``scalar``."""
+    sinks, others = split_sinks(sch)
+    caches = [b for b in others if name_of(sch, b) in block_caches]
+    others = [b for b in others if name_of(sch, b) not in block_caches]
+    nests: list[list[LoopRV]] = []
+    for block in sinks:
+        row, elem = _two_loops(sch, block)
+        bx, step, ty = sch.split(row, [None, mapping.row_steps, mapping.rows_per_block])
+        columns, tx, _ = _split_vectors(
+            sch, block, elem, [mapping.column_blocks, mapping.threads_per_row, None],
+            mapping.vector, scalar)
+        sch.reorder(bx, columns, ty, tx, step)
+        nests.append([sch.fuse(bx, columns), ty, tx, step])
+    bx, ty, tx, step = [sch.merge(*loops) if len(loops) > 1 else loops[0]
+                        for loops in zip(*nests, strict=True)]
+    sch.bind(bx, "blockIdx.x")
+    _bind_threads(sch, mapping, ty, tx)
+    for block, at in [*((b, step) for b in reversed(others)), *((c, tx) for c in caches)]:
+        sch.compute_at(block, at, preserve_unit_loops=True)
+        lanes = sch.get_loops(block)[-1]
+        extent = sch.get(lanes).extent
+        if mapping.vector > 1 and spatial_block(sch.get(block)) \
+                and name_of(sch, block) not in scalar \
+                and isinstance(extent, tirx.IntImm) and int(extent) == mapping.vector:
+            sch.vectorize(lanes)
 
 
 def _index_rows_in_block(sch: s_tir.Schedule, rows_per_block: int,

@@ -88,7 +88,7 @@ FEATURES = (
     "log_blocks", "waves", "threads_per_block", "threads_per_row", "rows_per_block",
     "row_steps", "vector", "flat", "block_per_row", "blocks_per_sm", "max_registers",
     "shared_bytes", "staged", "reread", "inlined", "phases", "grid_barriers", "row_split",
-    "column_tiles", "log_row_length", "log_rows",
+    "column_tiles", "log_row_length", "log_rows", "row_walk",
 )
 """The features of a candidate, in order."""
 
@@ -126,6 +126,7 @@ def features(candidate: Candidate) -> list[float]:
         column_tiles=max((p.column_tiles for p in group.phases), default=1),
         log_row_length=math.log1p(mapping.row_length) if mapping else 0.0,
         log_rows=math.log1p(mapping.rows) if mapping else 0.0,
+        row_walk=float(mapping is not None and mapping.kind is MappingKind.ROW_WALK),
     )
     return [float(row[name]) for name in FEATURES]
 

@@ -2,7 +2,8 @@
 
 The rules' own kernel (``Choices()``) comes first. The other choices vary what the rules
 decide (``plan.Choices``) around the rules' kernel: threads per row and per block, rows
-packed per block and walked in sequence, elements per access, task-splitting parts, column
+packed per block and walked in sequence, elements per access, whether an element-wise group
+walks its rows or is flat, task-splitting parts, column
 tiles, which staged inputs are re-read or held in registers instead, and whether reductions
 read their inputs in vectors. A choice is offered only once
 ``decisions.decide`` has built it, so every candidate is legal by construction: its
@@ -85,12 +86,14 @@ def choice_space(group: Group, max_threads: int) -> list[Choices]:
     if mapping is None:
         return space
     vectors = _powers_of_two(1, max(mapping.vector, 1))
-    if mapping.kind is MappingKind.FLAT:
-        if mapping.rows_expr:  # a run-time grid: nothing but the block size to choose
-            vectors = [1]
-        space += [Choices(block_threads=t, vector=v)
-                  for t, v in itertools.product(FLAT_THREADS, [*vectors, 2 * mapping.vector])
-                  if t <= max_threads]
+    if mapping.kind in (MappingKind.FLAT, MappingKind.ROW_WALK):
+        walked = mapping.kind is MappingKind.ROW_WALK
+        flat = [1] if mapping.rows_expr else [*vectors, 2 * mapping.vector]
+        space += [Choices(block_threads=t, vector=v, walk_rows=False if walked else None)
+                  for t, v in itertools.product(FLAT_THREADS, flat) if t <= max_threads]
+        if not mapping.rows_expr:  # a symbolic row count has no rows to walk
+            space += [Choices(row_steps=s, vector=v, walk_rows=True)
+                      for s, v in itertools.product([None, *ROW_STEPS], vectors)]
     elif group.row_split > 1:
         parts = group.row_split
         space += [Choices(split_parts=p) for p in (1, max(2, parts // 2), parts * 2)]

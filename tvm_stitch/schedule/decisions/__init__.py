@@ -60,6 +60,7 @@ from ..rows import Unstitchable, error_summary
 from ..vectors import scalar_blocks, vector_reads
 from .flat import decide_flat
 from .global_stitch import decide_global
+from .row_walk import decide_row_walk, walk_rows
 from .rows import decide_rows
 from .split import decide_split
 from .state import launch_of
@@ -111,8 +112,7 @@ def decide(func: tirx.PrimFunc, group: Group, rows: int | None,
     add_unit_loops(sch)
     _check_flat_structure(sch)
     if rows is None:
-        reused = cache_reused_outputs(sch, func, LOCAL)
-        done = decide_flat(sch, func, group, reused, max_threads, gpu)
+        done = _element_wise(func, sch, group, max_threads, gpu)
     elif column_reductions(sch, rows):
         done = decide_global(sch, func, group, rows, budget, max_threads, gpu)
     else:
@@ -133,6 +133,25 @@ def decide(func: tirx.PrimFunc, group: Group, rows: int | None,
         if done.mapping.length_bound:
             done = _beyond_bound(func, done, rows, budget, max_threads, gpu)
     return _built(fused, done, target, gpu)
+
+
+def _element_wise(func: tirx.PrimFunc, sch: s_tir.Schedule, group: Group, max_threads: int,
+                  gpu: GPU) -> Group:
+    """An element-wise group walking its rows (``row_walk``) when its choices ask for it, or
+    leave it to the rules and some input is read alike by runs of rows; else flat."""
+    walk = group.choices.walk_rows
+    if walk is not False:
+        walking = s_tir.Schedule(func)
+        add_unit_loops(walking)
+        try:
+            rows = walk_rows(func, walking)
+            reused = cache_reused_outputs(walking, func, LOCAL)
+            return decide_row_walk(walking, func, group, rows, reused, max_threads, gpu)
+        except Unstitchable:
+            if walk:
+                raise
+    reused = cache_reused_outputs(sch, func, LOCAL)
+    return decide_flat(sch, func, group, reused, max_threads, gpu)
 
 
 def _beyond_bound(func: tirx.PrimFunc, done: Group, rows: int, budget: int,

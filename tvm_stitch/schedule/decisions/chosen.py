@@ -13,8 +13,11 @@ from ..rows import Unstitchable
 from .budget import hold
 from .state import Decisions
 
-FLAT_CHOICES = frozenset({"block_threads", "vector"})
-"""What an element-wise group's choices may fix."""
+FLAT_CHOICES = frozenset({"block_threads", "vector", "walk_rows"})
+"""What an element-wise group's choices may fix (``walk_rows`` only as False)."""
+
+WALK_CHOICES = frozenset({"row_steps", "vector", "walk_rows"})
+"""What the choices of an element-wise group that walks its rows may fix."""
 
 ROW_CHOICES = frozenset({"threads_per_row", "rows_per_block", "row_steps", "vector",
                          "split_parts", "reread", "held", "vector_reads"})
