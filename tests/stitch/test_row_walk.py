@@ -4,7 +4,9 @@ for all the rows it walks, not once per element as a flat kernel reads it."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -14,7 +16,8 @@ from tvm_stitch import pipeline, verify
 from tvm_stitch.analysis import analyze
 from tvm_stitch.frontend.onnx import import_model
 from tvm_stitch.plan import BufferRole, Choices, MappingKind, StitchPlan, StorageLevel
-from tvm_stitch.schedule.decisions import decide
+from tvm_stitch.schedule.decisions import Decided, decide
+from tvm_stitch.schedule.decisions.choosing import Chooser, Task, choosing
 from tvm_stitch.schedule.rows import Unstitchable
 from tvm_stitch.testing.resources import check_resources
 from tvm_stitch.tuning.space import candidates
@@ -38,25 +41,36 @@ def _bias_silu(shape: list[int], dtype: int = TensorProto.FLOAT, bias_shape: lis
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
 
 
+class _Walking(Chooser):
+    """Prefers the row walk for every group (the rules keep few rows flat)."""
+
+    def preferred(self, task: Task) -> Iterator[Decided]:
+        """The walk of ``task``."""
+        yield decide(task.func, task.group, task.rows, task.target, Choices(walk_rows=True))
+
+
 @functools.cache
 def _lowered(shape: tuple[int, ...], dtype: int = TensorProto.FLOAT,
-             bias_shape: tuple[int, ...] | None = None):
+             bias_shape: tuple[int, ...] | None = None, forced: bool = False):
     model = _bias_silu(list(shape), dtype, list(bias_shape) if bias_shape else None)
-    scheduled = pipeline.lower(import_model(model), "cuda:sm_90", "stitch")
+    with choosing(_Walking()) if forced else contextlib.nullcontext():
+        scheduled = pipeline.lower(import_model(model), "cuda:sm_90", "stitch")
     return model, scheduled, StitchPlan.of_module(scheduled)
 
 
-CASES = [((64, 256), TensorProto.FLOAT, None),  # four rows of 64 threads per block
-         ((4, 196, 768), TensorProto.FLOAT, None),  # a ViT-S MLP's (B, HW, C)
-         ((1024, 1024), TensorProto.FLOAT16, None),  # eight halves per access
-         ((512, 64), TensorProto.FLOAT, None),  # sixteen rows of 16 threads
-         ((4096, 3072), TensorProto.FLOAT, None),  # three blocks a row, 16 rows in sequence
-         ((2, 300, 64), TensorProto.FLOAT, (2, 1, 64))]  # a row per batch: runs of 300 rows
+CASES = [((64, 256), TensorProto.FLOAT, None, True),  # four rows of 64 threads per block
+         ((4, 196, 768), TensorProto.FLOAT, None, True),  # a ViT-S MLP's (B, HW, C)
+         ((1024, 1024), TensorProto.FLOAT16, None, True),  # four halves: a kept intermediate
+         ((512, 64), TensorProto.FLOAT, None, True),  # sixteen rows of 16 threads
+         ((8192, 768), TensorProto.FLOAT, None, False),  # the rules' walk: steps of 4 rows
+         ((4096, 3072), TensorProto.FLOAT, None, False),  # three blocks a row
+         ((2, 300, 64), TensorProto.FLOAT, (2, 1, 64), True),  # runs of 300 rows per batch
+         ((32, 2048, 64), TensorProto.FLOAT16, (32, 1, 64), False)]  # halves, runs of 2048
 
 
-@pytest.mark.parametrize(("shape", "dtype", "bias_shape"), CASES)
-def test_the_walk_matches_onnxruntime(shape, dtype, bias_shape) -> None:
-    model, scheduled, plan = _lowered(shape, dtype, bias_shape)
+@pytest.mark.parametrize(("shape", "dtype", "bias_shape", "forced"), CASES)
+def test_the_walk_matches_onnxruntime(shape, dtype, bias_shape, forced) -> None:
+    model, scheduled, plan = _lowered(shape, dtype, bias_shape, forced)
     (group,) = plan.groups
     assert group.mapping.kind is MappingKind.ROW_WALK
     (bias,) = [b for b in group.buffers if b.name == "b" or b.per_block]
@@ -64,16 +78,17 @@ def test_the_walk_matches_onnxruntime(shape, dtype, bias_shape) -> None:
     assert verify.run_simt(scheduled, model).ok
 
 
-@pytest.mark.parametrize(("shape", "dtype", "bias_shape"), CASES)
-def test_the_walk_reads_its_bias_once_per_thread(shape, dtype, bias_shape) -> None:
+@pytest.mark.parametrize(("shape", "dtype", "bias_shape", "forced"), CASES)
+def test_the_walk_reads_its_bias_once_per_thread(shape, dtype, bias_shape, forced) -> None:
     """Global bytes: the input, the output, and the bias once per thread of each block."""
-    _, scheduled, plan = _lowered(shape, dtype, bias_shape)
+    _, scheduled, plan = _lowered(shape, dtype, bias_shape, forced)
     (group,) = plan.groups
     mapping = group.mapping
     item = 4 if dtype == TensorProto.FLOAT else 2
     per_block = mapping.rows_per_block * mapping.threads_per_row * mapping.vector * item
     bias_rows = mapping.rows // (1 if bias_shape is None else bias_shape[0])
     assert mapping.rows_per_block * mapping.row_steps <= bias_rows
+    assert forced or mapping.row_steps > 1
     expected = 2 * int(np.prod(shape)) * item + mapping.blocks * per_block
     assert analyze(scheduled).global_bytes == expected
 
@@ -91,9 +106,16 @@ def test_real_bias_gelu_is_within_five_percent_of_compulsory() -> None:
     assert not kernels.violations, kernels.violations
 
 
+def test_few_rows_stay_flat() -> None:
+    """Bias + SiLU on (64, 256): a wave of blocks needs every row a block of its own, so
+    each thread would read the bias for one row, as a flat kernel does on more threads."""
+    (group,) = _lowered((64, 256), TensorProto.FLOAT)[2].groups
+    assert group.mapping.kind is MappingKind.FLAT
+
+
 def test_walking_kernels_keep_registers() -> None:
-    for shape, dtype, bias_shape in CASES[1:3]:
-        report = check_resources(_lowered(shape, dtype, bias_shape)[1])
+    for shape, dtype, bias_shape, forced in CASES[1:3] + CASES[-1:]:
+        report = check_resources(_lowered(shape, dtype, bias_shape, forced)[1])
         assert not report.violations, report.violations
         assert all(k.spill_bytes == 0 for k in report.kernels)
 

@@ -8,7 +8,7 @@ axis: each thread owns the same ``vector`` columns of every row (``threads_per_r
 vector`` is the row, over one or more blocks side by side), a block's threads hold
 ``rows_per_block`` rows at a time and walk ``row_steps`` such groups in sequence (vertical
 packing), as many as still fill a wave of blocks, so the bias is read once per thread for
-all of them.
+all of them; with rows too few for two steps a block, the group stays flat.
 Everything else a thread keeps is its own vector of a row, in registers: intermediates read
 at several places, inputs read at several places, outputs also read inside the kernel.
 """
@@ -85,6 +85,11 @@ def decide_row_walk(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows
     if (rows // packed) % steps or span % (packed * steps):
         raise Unstitchable(f"{steps} row steps of {packed} rows do not divide runs of {span} "
                            f"rows")
+    if steps == 1 and not group.choices.walk_rows:
+        # each thread reads the bias for one row, as a flat kernel does, on fewer threads
+        # when the rows are few: flat spreads them wider (bias + GELU at (32, 1024))
+        raise Unstitchable("too few rows to walk more than one per block and still fill a "
+                           "wave of blocks")
     mapping = replace(mapping, row_steps=steps)
     launch = launch_of(gpu, mapping.threads_per_block, 0, mapping.blocks)
     kept = len(dec.regional) + len(dec.staged) + len(dec.block_shared) + len(reused)
