@@ -101,20 +101,23 @@ def divisors(n: int) -> list[int]:
     return small + large[::-1]
 
 
-def row_steps(mapping: ThreadMapping, wave: int, span: int | None = None) -> int:
+def row_steps(mapping: ThreadMapping, wave: int, span: int | None = None,
+              whole_wave: bool = False) -> int:
     """Groups of rows each block walks in sequence (vertical packing), a divisor of the
     block's row groups so that no block is partial.
 
     Without ``span``: the fewest steps that keep the grid within one ``wave`` of resident
     blocks. With ``span`` (inputs read alike by runs of ``span`` rows, staged once per block):
     the most steps that keep the rows of a block inside one run and at least half a wave of
-    blocks, so that the staged data is read as few times as the GPU's parallelism allows.
+    blocks (a whole one with ``whole_wave``; the blocks side by side on a row counted), so
+    that the staged data is read as few times as the GPU's parallelism allows.
     """
     groups = mapping.rows // mapping.rows_per_block
     options = [d for d in divisors(groups) if d <= MAX_ROW_STEPS]
     if span is not None:
-        inside = [d for d in options
-                  if span % (mapping.rows_per_block * d) == 0 and groups // d >= wave // 2]
+        least = wave if whole_wave else wave // 2
+        inside = [d for d in options if span % (mapping.rows_per_block * d) == 0
+                  and groups // d * mapping.column_blocks >= least]
         return max(inside, default=1)
     fitting = [d for d in options if groups // d <= wave]
     return min(fitting) if fitting else max(options)

@@ -23,7 +23,7 @@ from tvm import s_tir, tirx
 from ...analysis.roofline import GPU
 from ...plan import Buffer, BufferRole, Group, MappingKind, StorageLevel, ThreadMapping
 from ..blocks import child_blocks, name_of, readers, written_params
-from ..mapping import BLOCK_THREADS, MAX_ROW_STEPS, divisors, row_vector
+from ..mapping import BLOCK_THREADS, divisors, row_steps, row_vector
 from ..occupancy import cached_elements_cap
 from ..rows import Unstitchable, block_rows, reads_own_element
 from .chosen import WALK_CHOICES, check_applicable, chosen_vector
@@ -81,7 +81,10 @@ def decide_row_walk(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows
     packed = max(d for d in divisors(rows) if d * per_row <= BLOCK_THREADS)
     mapping = ThreadMapping(MappingKind.ROW_WALK, rows, length, packed, per_row, vector=vector)
     span = min(b.span for b in dec.block_shared)
-    steps = group.choices.row_steps or _row_steps(mapping, span, gpu)
+    # an element-wise thread has one access in flight per row it walks: unlike a row group,
+    # the walk keeps every block slot of the GPU busy (a whole wave)
+    wave = launch_of(gpu, mapping.threads_per_block, 0).wave
+    steps = group.choices.row_steps or row_steps(mapping, wave, span, whole_wave=True)
     if (rows // packed) % steps or span % (packed * steps):
         raise Unstitchable(f"{steps} row steps of {packed} rows do not divide runs of {span} "
                            f"rows")
@@ -107,19 +110,6 @@ def decide_row_walk(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows
     return replace(group, mapping=mapping, inlined=tuple(dec.inlined),
                    buffers=tuple(buffers) + tuple(dec.global_reads), shared_bytes=0,
                    shared_budget=0, launch=launch)
-
-
-def _row_steps(mapping: ThreadMapping, span: int, gpu: GPU) -> int:
-    """The most row steps that keep a block's rows inside one run of ``span`` rows read
-    alike and still fill one wave of blocks (the blocks side by side on a row counted): an
-    element-wise thread has one access in flight per row it walks, so unlike a row group
-    (``mapping.row_steps``: half a wave) the walk keeps every block slot of the GPU busy."""
-    wave = launch_of(gpu, mapping.threads_per_block, 0).wave
-    groups = mapping.rows // mapping.rows_per_block
-    inside = [d for d in divisors(groups) if d <= MAX_ROW_STEPS
-              and span % (mapping.rows_per_block * d) == 0
-              and groups // d * mapping.column_blocks >= wave]
-    return max(inside, default=1)
 
 
 def _check_own(sch: s_tir.Schedule, infos: dict, rows: int, buffer: tirx.Buffer) -> None:
