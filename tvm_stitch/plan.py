@@ -39,7 +39,7 @@ class Scheme(StrEnum):
 class MappingKind(StrEnum):
     """How the threads of a kernel are laid over its work."""
 
-    BLOCK_PER_ROW = "block-per-row"  # one thread block reduces one long row
+    BLOCK_PER_ROW = "block-per-row"  # more than a warp per long row, one row per block or packed
     WARP_PER_ROW = "warp-per-row"  # a warp (or sub-warp) per short row, rows packed per block
     FLAT = "flat"  # no reduction: one element per thread
     ROW_WALK = "row-walk"  # no reduction: a thread owns a vector of columns and walks rows

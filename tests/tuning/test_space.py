@@ -45,6 +45,9 @@ def test_row_choices_are_what_the_kernel_takes() -> None:
     packed = _decide("rows", Choices(threads_per_row=32, rows_per_block=4)).mapping
     assert (packed.kind, packed.rows_per_block, packed.threads_per_row) == \
         (MappingKind.WARP_PER_ROW, 4, 32)
+    long_rows = _decide("rows", Choices(threads_per_row=128, rows_per_block=2)).mapping
+    assert (long_rows.kind, long_rows.rows_per_block, long_rows.threads_per_row) == \
+        (MappingKind.BLOCK_PER_ROW, 2, 128)
 
 
 def test_flat_and_split_choices() -> None:
@@ -67,7 +70,6 @@ def test_staging_choices() -> None:
 @pytest.mark.parametrize(("kind", "choices", "why"), [
     ("rows", Choices(threads_per_row=48), "not a power of two"),
     ("rows", Choices(threads_per_row=2048), "not a power of two up to 1024"),
-    ("rows", Choices(threads_per_row=128, rows_per_block=2), "a block per row"),
     ("rows", Choices(threads_per_row=16, rows_per_block=128), "more than 1024 threads"),
     ("rows", Choices(threads_per_row=8, rows_per_block=24, row_steps=2), "do not divide"),
     ("rows", Choices(vector=8), "at most 4"),

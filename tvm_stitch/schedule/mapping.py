@@ -35,6 +35,11 @@ most eight rows resident per SM; dlight's 256 threads per row keep four loads ea
 and ran that softmax 1.5x faster on the H200. Four vectors per thread keep the row on 64
 threads and up to four times as many rows (bytes in flight) per SM."""
 
+PACKED_ROW_THREADS = 512
+"""Most threads of a block that packs rows of more than a warp each, so that inputs staged
+once per block serve more rows (``decisions.rows``): two such blocks still share an SM, one
+loading while the other waits at a barrier."""
+
 MIN_ROW_THREADS = 2 * WARP_SIZE
 """Fewest threads of a block-per-row mapping (rows longer than ``SHORT_ROW``)."""
 

@@ -32,7 +32,8 @@ FLAT_THREADS = (64, 128, 256, 512, 1024)
 """Threads per block an element-wise kernel may take."""
 
 PACKED_ROWS = (1, 2, 4, 8, 16, 32, 6, 12, 24, 30)
-"""Rows per block a warp-per-row kernel may pack: powers of two, and counts that need not
+"""Rows per block a row group may pack (as many as its block's threads allow, rows of more
+than a warp too): powers of two, and counts that need not
 divide the rows (the last block is guarded) so that a block's threads may follow occupancy
 (30 rows of 8 threads: 240)."""
 
@@ -106,7 +107,7 @@ def choice_space(group: Group, max_threads: int) -> list[Choices]:
     else:
         threads = _around(mapping.threads_per_row, max_threads)
         for t, v, (r, h) in itertools.product(threads, vectors, _stagings(group)):
-            packs = [p for p in PACKED_ROWS if p * t <= max_threads] if t <= WARP_SIZE else [1]
+            packs = [p for p in PACKED_ROWS if p * t <= max_threads]
             reads = [None, True] if v > 1 else [None]
             space += [Choices(threads_per_row=t, rows_per_block=p, row_steps=s, vector=v,
                               reread=r, held=h, vector_reads=w)

@@ -64,10 +64,11 @@ def chosen_vector(widest: int, choices: Choices) -> int:
 def chosen_row_mapping(mapping: ThreadMapping, choices: Choices, max_threads: int
                        ) -> ThreadMapping:
     """``mapping`` (the heuristic's for a row group) with the threads per row and the rows
-    per block ``choices`` fixes: more than a warp per row is a block per row, one row per
-    block; up to a warp per row packs rows (the heuristic's packing, when it still fits and
-    the choices fix none). Packed rows need not divide the row count: the last block guards
-    its rows past the end, so block sizes may follow occupancy (30 rows of 8 threads)."""
+    per block ``choices`` fixes: more than a warp per row is a block per row unless the
+    choices pack rows; up to a warp per row packs rows (the heuristic's packing, when it
+    still fits and the choices fix none). Packed rows need not divide the row count: the last
+    block guards its rows past the end, so block sizes may follow occupancy (30 rows of 8
+    threads)."""
     if choices.threads_per_row is None and choices.rows_per_block is None:
         return mapping
     per_row = chosen_threads(mapping.threads_per_row, choices.threads_per_row, max_threads,
@@ -79,9 +80,6 @@ def chosen_row_mapping(mapping: ThreadMapping, choices: Choices, max_threads: in
     if packed < 1 or per_row * packed > max_threads:
         raise Unstitchable(f"{packed} rows of {per_row} threads per block: more than "
                            f"{max_threads} threads")
-    if per_row > WARP_SIZE and packed > 1:
-        raise Unstitchable(f"{per_row} threads per row take a block per row, not {packed} "
-                           "rows per block")
     kind = MappingKind.BLOCK_PER_ROW if per_row > WARP_SIZE else MappingKind.WARP_PER_ROW
     return replace(mapping, kind=kind, threads_per_row=per_row, rows_per_block=packed)
 

@@ -11,6 +11,7 @@ from tvm import s_tir, tirx
 from ...analysis.roofline import GPU
 from ...plan import Buffer, BufferRole, Group, StorageLevel, ThreadMapping
 from ...symbolic import declared_bounds, is_symbolic, symbolic_extent, upper_bound
+from ...target import WARP_SIZE
 from ..blocks import (
     buffer_params,
     child_blocks,
@@ -19,7 +20,14 @@ from ..blocks import (
     readers,
     written_params,
 )
-from ..mapping import MAX_ROW_STEPS, SYMBOLIC_ROW_LENGTH, row_mapping, row_steps, row_vector
+from ..mapping import (
+    MAX_ROW_STEPS,
+    PACKED_ROW_THREADS,
+    SYMBOLIC_ROW_LENGTH,
+    row_mapping,
+    row_steps,
+    row_vector,
+)
 from ..occupancy import cached_elements_cap
 from ..rows import (
     BlockRows,
@@ -98,6 +106,8 @@ def decide_rows(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: in
                           length_expr=symbolic_extent([i.size for i in longest.element_iters]))
     mapping = chosen_row_mapping(mapping, choices, max_threads)
     hold_chosen(sch, dec, mapping, choices)
+    if choices.rows_per_block is None and choices.row_steps is None:
+        mapping = _pack_horizontally(dec, mapping, gpu, budget, max_threads)
     mapping = fit_budget(sch, dec, mapping, budget)
     mapping = _pack_vertically(dec, mapping, gpu, choices.row_steps)
     if not dec.held:  # a vector would give a thread other elements than its registers hold
@@ -316,6 +326,43 @@ def _reread_block_inputs(dec: Decisions, why: str) -> None:
                                        f"read alike by {runs}; {why}, no vertical packing: "
                                        "re-read (served by the L2 cache)"))
     dec.block_shared.clear()
+
+
+def _pack_horizontally(dec: Decisions, mapping: ThreadMapping, gpu: GPU, budget: int,
+                       max_threads: int) -> ThreadMapping:
+    """Rows of more than a warp each whose block stages inputs read alike by runs of rows
+    (LayerNorm's gamma and beta) are packed several per block, as short rows are, when that
+    leaves fewer blocks once ``_pack_vertically`` has walked its steps: each block's one read
+    of those inputs then serves more rows. 8192 rows of 768 take 256 blocks of 8 rows x 64
+    threads walking 4 steps, not 2048 blocks of one row, and gamma and beta move 3% of the
+    kernel's compulsory bytes, not 25%; the threads of the grid are as many either way. A
+    packing is taken only if it leaves the fewest blocks, a block for every SM, the register
+    cap of one row per block, at most ``PACKED_ROW_THREADS`` threads and shared memory
+    within ``budget``."""
+    if not dec.block_shared or mapping.rows_per_block != 1 \
+            or mapping.threads_per_row <= WARP_SIZE or is_symbolic(mapping.rows) \
+            or mapping.length_expr or any(is_symbolic(b.span) for b in dec.block_shared) \
+            or shared_bytes_of(dec, mapping) > budget:
+        return mapping
+    span = min(b.span for b in dec.block_shared)
+
+    def blocks_and_cap(packed: ThreadMapping) -> tuple[int, int]:
+        launch = launch_of(gpu, packed.threads_per_block, shared_bytes_of(dec, packed))
+        steps = row_steps(packed, launch.wave, span)
+        return mapping.rows // (packed.rows_per_block * steps), launch.max_registers
+
+    fewest, cap = blocks_and_cap(mapping)
+    best, packed = mapping, 2
+    while packed * mapping.threads_per_row <= min(max_threads, PACKED_ROW_THREADS) \
+            and span % packed == 0:
+        candidate = replace(mapping, rows_per_block=packed)
+        packed *= 2
+        if shared_bytes_of(dec, candidate) > budget:
+            break
+        blocks, registers = blocks_and_cap(candidate)
+        if gpu.sms <= blocks < fewest and registers >= cap:
+            best, fewest = candidate, blocks
+    return best
 
 
 def _pack_vertically(dec: Decisions, mapping: ThreadMapping, gpu: GPU,
