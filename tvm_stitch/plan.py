@@ -380,10 +380,13 @@ class Group:
     (``schedule.vectors``), or a boolean value in more lanes than TVM's CUDA code generator
     takes; reductions do, except those of ``vector_reads``, which read their inputs a
     vector at a time into registers (consecutive threads on consecutive vectors) and reduce
-    those. ``beyond_bound`` is the plan of the kernel's second body when its rows, of symbolic
-    length, are staged on chip sized for the declared bound (``mapping.length_bound``): the
-    kernel runs this one when the run-time length exceeds the bound, with the same threads,
-    re-reading what the first body stages and recomputing its Regional intermediates.
+    those. ``lane_blocks`` compute their lanes one by one into a register vector (they call
+    an intrinsic TVM cannot vectorise, such as ``erf``) and load their global inputs and
+    store their outputs a whole vector at a time (``schedule.lanes``). ``beyond_bound`` is
+    the plan of the kernel's second body when its rows, of symbolic length, are staged on
+    chip sized for the declared bound (``mapping.length_bound``): the kernel runs this one
+    when the run-time length exceeds the bound, with the same threads, re-reading what the
+    first body stages and recomputing its Regional intermediates.
     """
 
     id: int
@@ -406,6 +409,7 @@ class Group:
     permuted_outputs: tuple[str, ...] = ()
     scalar_blocks: tuple[str, ...] = ()
     vector_reads: tuple[str, ...] = ()
+    lane_blocks: tuple[str, ...] = ()
     choices: Choices = field(default_factory=Choices)
     source: ChoiceSource = ChoiceSource.HEURISTIC
     beyond_bound: Group | None = None
@@ -548,6 +552,9 @@ def format_plan(plan: StitchPlan) -> str:
             lines.append(f"  scalar accesses: {', '.join(g.scalar_blocks)}")
         if g.vector_reads:
             lines.append(f"  reductions reading vectors: {', '.join(g.vector_reads)}")
+        if g.lane_blocks:
+            lines.append(f"  lanes computed one by one, moved in vectors: "
+                         f"{', '.join(g.lane_blocks)}")
         if g.source is not ChoiceSource.HEURISTIC:
             lines.append(f"  chosen by the {g.source.value}: {g.choices}")
         if g.launch is not None:

@@ -57,6 +57,7 @@ from .blocks import (
 )
 from .bounded import bound_on_chip, with_length_check
 from .grid_barrier import state_buffer
+from .lanes import lane_map, register_lanes
 from .layout import flatten_rows
 from .persistent import (
     KERNEL_LAUNCH_PARAMS,
@@ -128,7 +129,15 @@ def kernel(func: tirx.PrimFunc, group: Group) -> Kernel:
 
 def emit(func: tirx.PrimFunc, group: Group) -> s_tir.Schedule:
     """Schedule ``func`` (the fused PrimFunc of ``group``) as the plan says: one kernel, or
-    for a Global group one launch nest per phase (``kernel`` merges them)."""
+    for a Global group one launch nest per phase (``kernel`` merges them); the blocks the
+    plan computes lane by lane get their register vectors (``lanes``)."""
+    sch = _mapped(func, group)
+    if group.lane_blocks:
+        register_lanes(sch, group.lane_blocks, group.mapping.vector)
+    return sch
+
+
+def _mapped(func: tirx.PrimFunc, group: Group) -> s_tir.Schedule:
     done = rewritten(func, group)
     sch = done.sch
     if group.phases:
@@ -263,7 +272,8 @@ def _map_flat(sch: s_tir.Schedule, mapping: ThreadMapping, scalar_blocks: tuple[
               ) -> None:
     """``vector`` consecutive elements per thread: every sink's loops fused and split over
     (blockIdx.x, threadIdx.x, vector lanes), the sinks merged under one thread, the kept
-    producers computed at it; the lanes vectorised, except in ``scalar_blocks``."""
+    producers and register copies computed at it; the lanes vectorised, except in
+    ``scalar_blocks``."""
     sinks, others = split_sinks(sch)
     heads, threads = [], []
     for block in sinks:
@@ -289,6 +299,12 @@ def _map_flat(sch: s_tir.Schedule, mapping: ThreadMapping, scalar_blocks: tuple[
                 continue
             assert lanes_fit_booleans(sch.get(block), mapping.vector), name_of(sch, block)
             sch.vectorize(sch.get_loops(block)[-1])
+        for block in others:  # a kept producer or a register copy: the thread's one vector
+            lanes = sch.get_loops(block)[-1]
+            extent = sch.get(lanes).extent
+            if spatial_block(sch.get(block)) and name_of(sch, block) not in scalar_blocks \
+                    and isinstance(extent, tirx.IntImm) and int(extent) == mapping.vector:
+                sch.vectorize(lanes)
 
 
 def _register_per_thread(sch: s_tir.Schedule, block: SBlockRV,
@@ -307,21 +323,8 @@ def _register_per_thread(sch: s_tir.Schedule, block: SBlockRV,
                                                                     strict=True))
                 for s in sink_shapes):
             continue
-        sch.transform_layout(block, ("write", index), _lane_map(buffer, vector),
+        sch.transform_layout(block, ("write", index), lane_map(buffer, vector),
                              assume_injective_transform=True)
-
-
-def _lane_map(buffer: tirx.Buffer, vector: int) -> tirx.IndexMap:
-    """``buffer``'s indices to the lane of their flattened offset in a ``vector``."""
-    shape = list(buffer.shape)
-
-    def lane(*indices: tvm.ir.PrimExpr) -> list[tvm.ir.PrimExpr]:
-        flat = indices[0]
-        for i, dim in zip(indices[1:], shape[1:], strict=True):
-            flat = flat * dim + i
-        return [flat % vector]
-
-    return tirx.IndexMap.from_func(lane, ndim=len(shape), index_dtype=str(shape[0].ty.dtype))
 
 
 def _map_rows(sch: s_tir.Schedule, mapping: ThreadMapping, block_caches: list[str],

@@ -58,7 +58,7 @@ def lanes_fit_booleans(block: s_tir.stmt.SBlock, vector: int) -> bool:
     tvm_ffi.structural_walk(block.body, [(tvm.ir.Expr, lambda e: found.append(e)
                                           if str(e.ty.dtype).startswith("bool") else None)])
     inner = block.iter_vars[-1].var if block.iter_vars else None
-    if any(inner is None or not _uses(e, inner) for e in found):
+    if any(inner is None or not uses(e, inner) for e in found):
         return False
     if vector <= MAX_BOOLEAN_LANES:
         return True
@@ -66,7 +66,8 @@ def lanes_fit_booleans(block: s_tir.stmt.SBlock, vector: int) -> bool:
                              for r in (*block.reads, *block.writes))
 
 
-def _uses(expr: tvm.ir.Expr, var: tvm.ir.Var) -> bool:
+def uses(expr: tvm.ir.Expr, var: tvm.ir.Var) -> bool:
+    """Whether ``expr`` refers to ``var``."""
     seen: list[tvm.ir.Var] = []
     tvm_ffi.structural_walk(expr, [(tvm.ir.Var, seen.append)])
     return any(v.same_as(var) for v in seen)
@@ -123,3 +124,35 @@ def vector_reads(sch: s_tir.Schedule, blocks: list[SBlockRV], vector: int
                 and aligned_vectors(block, vector):
             found.append(block.name_hint)
     return tuple(found)
+
+
+def lane_blocks(sch: s_tir.Schedule, blocks: list[SBlockRV], vector: int
+                ) -> tuple[str, ...]:
+    """The names of the spatial blocks among ``blocks`` that take ``vector`` lanes
+    (``aligned_vectors``, ``lanes_fit_booleans``) and access global memory, but call an
+    intrinsic that TVM's VectorizeLoop has no vector form of (no ``TVectorizable``: ``erf``,
+    ``rsqrt``, ``log1p``) on a value that differs between lanes: VectorizeLoop then runs
+    their lanes one by one, every load and store a scalar (bias + GELU stored a thread's four
+    floats with four instructions, each a quarter of a cache line per warp). The plan has
+    them compute their lanes into registers and move their global data in whole vectors."""
+    if vector == 1:
+        return ()
+    found: list[str] = []
+    for rv in blocks:
+        block = sch.get(rv)
+        if block.name_hint in found or not spatial_block(block) \
+                or not aligned_vectors(block, vector) or not lanes_fit_booleans(block, vector):
+            continue
+        if any(r.source.scope() == "global" for r in (*block.reads, *block.writes)) \
+                and _lane_by_lane(block):
+            found.append(block.name_hint)
+    return tuple(found)
+
+
+def _lane_by_lane(block: s_tir.stmt.SBlock) -> bool:
+    """Whether ``block`` calls an intrinsic without a vector form on its lanes' values."""
+    inner = block.iter_vars[-1].var
+    calls: list[tvm.ir.Call] = []
+    tvm_ffi.structural_walk(block.body, [(tvm.ir.Call, calls.append)])
+    return any(isinstance(c.op, tvm.ir.Op) and c.op.get_attr("cuda.FLowerIntrinsic") is not None
+               and not c.op.get_attr("TVectorizable") and uses(c, inner) for c in calls)

@@ -41,7 +41,7 @@ from tvm.target import Target
 
 from ...analysis.roofline import GPU
 from ...lowering import LoweredFunc, lower
-from ...plan import Choices, Group, MappingKind, StorageLevel
+from ...plan import Choices, Group, StorageLevel
 from ...target import MAX_SHARED_MEMORY_PER_BLOCK, MAX_THREADS_PER_BLOCK
 from ..blocks import (
     LOCAL,
@@ -51,13 +51,14 @@ from ..blocks import (
     child_blocks,
     name_of,
     prepare,
+    split_sinks,
 )
 from ..emit import kernel, rewritten
 from ..occupancy import device_of, kernel_shared_bytes
 from ..phases import column_reductions
 from ..row_permutation import permute_rows
 from ..rows import Unstitchable, error_summary
-from ..vectors import scalar_blocks, vector_reads
+from ..vectors import lane_blocks, scalar_blocks, vector_reads
 from .flat import decide_flat
 from .global_stitch import decide_global
 from .row_walk import decide_row_walk, walk_rows
@@ -200,14 +201,19 @@ def _on_chip(group: Group) -> set[str]:
 
 
 def _with_vector_plan(fused: tirx.PrimFunc, group: Group) -> Group:
-    """``group`` (a row or Global group) with the blocks its mapping keeps scalar, found on
-    the blocks as the mapping will see them (``emit.rewritten``)."""
+    """``group`` with the blocks its mapping keeps scalar and those it computes lane by lane
+    (``vectors.lane_blocks``, sinks only), found on the blocks as the mapping will see them
+    (``emit.rewritten``)."""
     mapping = group.mapping
-    if mapping is None or mapping.kind is MappingKind.FLAT or mapping.vector == 1:
+    if mapping is None or mapping.vector == 1:
         return group
     done = _scheduling(rewritten, fused, group)
-    group = replace(group, scalar_blocks=scalar_blocks(done.sch, done.vectorisable(),
-                                                       mapping.vector))
+    scalar = tuple(dict.fromkeys(group.scalar_blocks + scalar_blocks(
+        done.sch, done.vectorisable(), mapping.vector)))
+    lanes = () if group.phases else lane_blocks(done.sch, split_sinks(done.sch)[0],
+                                                mapping.vector)
+    group = replace(group, scalar_blocks=scalar,
+                    lane_blocks=tuple(n for n in lanes if n not in scalar))
     if not group.choices.vector_reads:
         return group
     found = () if group.phases else vector_reads(done.sch, done.vectorisable(), mapping.vector)

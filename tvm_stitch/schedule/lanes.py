@@ -1,0 +1,94 @@
+"""Blocks whose lanes TVM computes one by one (``vectors.lane_blocks``): their lanes are
+computed into a register vector of the thread, and their global inputs and outputs move
+between it and global memory as whole vectors.
+
+TVM's VectorizeLoop turns a vectorised loop whose body calls an intrinsic without a vector
+form (``erf``) into a serial loop over the lanes, loads and stores included: a warp's store
+then writes a quarter of each cache line it touches, four times. Here the block reads its
+global inputs from register copies loaded a vector at a time and writes its outputs into a
+register vector stored at once; only the arithmetic runs lane by lane.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import s_tir, tirx
+from tvm.s_tir.schedule import LoopRV, SBlockRV
+
+from .blocks import LOCAL, name_of
+from .vectors import uses
+
+
+def register_lanes(sch: s_tir.Schedule, names: tuple[str, ...], vector: int) -> None:
+    """Give each block of ``names`` (mapped: its innermost loop the vectorised lanes) a
+    register vector for every global buffer it writes, stored a vector at a time, and one for
+    every global buffer whose reads all move with its lanes, loaded a vector at a time.
+    Asserts that each copy moves exactly one vector of the thread."""
+    for name in names:
+        block = sch.get_sblock(name)
+        loops = sch.get_loops(block)
+        lanes = sch.get(loops[-1])
+        assert lanes.kind == tirx.ForKind.VECTORIZED and int(lanes.extent) == vector, name
+        at = loops[-2]
+        written = [i for i, w in enumerate(sch.get(block).writes)
+                   if w.source.scope() == "global"]
+        for index in written:
+            copy = sch.cache_write(block, index, LOCAL)
+            sch.reverse_compute_at(copy, at, preserve_unit_loops=True)
+            _vectorise_copy(sch, copy, at, vector)
+            local = sch.get(block).writes[index].source
+            sch.transform_layout(block, ("write", index), lane_map(local, vector),
+                                 assume_injective_transform=True)
+        for buffer in _moving_inputs(sch.get(block)):
+            index = next(i for i, r in enumerate(sch.get(block).reads)
+                         if r.source.same_as(buffer))
+            copy = sch.cache_read(block, index, LOCAL)
+            sch.compute_at(copy, at, preserve_unit_loops=True)
+            _vectorise_copy(sch, copy, at, vector)
+            local = sch.get(copy).writes[0].source
+            sch.transform_layout(copy, ("write", 0), lane_map(local, vector),
+                                 assume_injective_transform=True)
+
+
+def _moving_inputs(block: s_tir.stmt.SBlock) -> list[tirx.Buffer]:
+    """The global buffers ``block`` reads only at places that move with its lanes (each read
+    one element, a different one in every lane): a copy of one vector holds them."""
+    inner = block.iter_vars[-1].var
+    found: dict[str, tirx.Buffer] = {}
+    moving: dict[str, bool] = {}
+    for region in block.reads:
+        buffer = region.source
+        if buffer.scope() != "global":
+            continue
+        found[buffer.name] = buffer
+        last = region.region[-1]
+        moves = int(last.extent) == 1 and uses(last.min, inner) \
+            and all(not uses(r.min, inner) for r in region.region[:-1])
+        moving[buffer.name] = moving.get(buffer.name, True) and moves
+    return [found[n] for n, ok in moving.items() if ok]
+
+
+def _vectorise_copy(sch: s_tir.Schedule, copy: SBlockRV, at: LoopRV, vector: int) -> None:
+    """Vectorise the loops of ``copy`` under ``at`` (fused into one), asserted to move one
+    vector."""
+    loops = sch.get_loops(copy)
+    above = sch.get(at)
+    inner = loops[next(i for i, loop in enumerate(loops) if sch.get(loop).same_as(above)) + 1:]
+    fused = sch.fuse(*inner) if len(inner) > 1 else inner[0]
+    extent = sch.get(fused).extent
+    assert isinstance(extent, tirx.IntImm) and int(extent) == vector, \
+        (name_of(sch, copy), extent, vector)
+    sch.vectorize(fused)
+
+
+def lane_map(buffer: tirx.Buffer, vector: int) -> tirx.IndexMap:
+    """``buffer``'s indices to the lane of their flattened offset in a ``vector``."""
+    shape = list(buffer.shape)
+
+    def lane(*indices: tvm.ir.PrimExpr) -> list[tvm.ir.PrimExpr]:
+        flat = indices[0]
+        for i, dim in zip(indices[1:], shape[1:], strict=True):
+            flat = flat * dim + i
+        return [flat % vector]
+
+    return tirx.IndexMap.from_func(lane, ndim=len(shape), index_dtype=str(shape[0].ty.dtype))
