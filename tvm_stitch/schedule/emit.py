@@ -300,11 +300,7 @@ def _map_flat(sch: s_tir.Schedule, mapping: ThreadMapping, scalar_blocks: tuple[
             assert lanes_fit_booleans(sch.get(block), mapping.vector), name_of(sch, block)
             sch.vectorize(sch.get_loops(block)[-1])
         for block in others:  # a kept producer or a register copy: the thread's one vector
-            lanes = sch.get_loops(block)[-1]
-            extent = sch.get(lanes).extent
-            if spatial_block(sch.get(block)) and name_of(sch, block) not in scalar_blocks \
-                    and isinstance(extent, tirx.IntImm) and int(extent) == mapping.vector:
-                sch.vectorize(lanes)
+            _vectorise_own_vector(sch, block, mapping.vector, scalar_blocks)
 
 
 def _register_per_thread(sch: s_tir.Schedule, block: SBlockRV,
@@ -383,12 +379,19 @@ def _map_row_walk(sch: s_tir.Schedule, mapping: ThreadMapping, block_caches: lis
     _bind_threads(sch, mapping, ty, tx)
     for block, at in [*((b, step) for b in reversed(others)), *((c, tx) for c in caches)]:
         sch.compute_at(block, at, preserve_unit_loops=True)
-        lanes = sch.get_loops(block)[-1]
-        extent = sch.get(lanes).extent
-        if mapping.vector > 1 and spatial_block(sch.get(block)) \
-                and name_of(sch, block) not in scalar \
-                and isinstance(extent, tirx.IntImm) and int(extent) == mapping.vector:
-            sch.vectorize(lanes)
+        _vectorise_own_vector(sch, block, mapping.vector, scalar)
+
+
+def _vectorise_own_vector(sch: s_tir.Schedule, block: SBlockRV, vector: int,
+                          scalar: tuple[str, ...]) -> None:
+    """Vectorise the innermost loop of ``block``, computed at a thread's loop, when it walks
+    the thread's one vector of ``vector`` lanes, the block is spatial and not in
+    ``scalar``."""
+    lanes = sch.get_loops(block)[-1]
+    extent = sch.get(lanes).extent
+    if vector > 1 and spatial_block(sch.get(block)) and name_of(sch, block) not in scalar \
+            and isinstance(extent, tirx.IntImm) and int(extent) == vector:
+        sch.vectorize(lanes)
 
 
 def _index_rows_in_block(sch: s_tir.Schedule, rows_per_block: int,
