@@ -318,14 +318,25 @@ def _single_value(buffer: tirx.Buffer) -> bool:
     return all(isinstance(d, tirx.IntImm) and int(d) == 1 for d in buffer.shape)
 
 
-def _reread_block_inputs(dec: Decisions, why: str) -> None:
-    """Re-read every input staged per block: ``why`` there is no vertical packing."""
+def _every_row(dec: Decisions, rows: int) -> list[BlockShared]:
+    """The inputs staged per block that every one of the ``rows`` rows reads alike (a
+    LayerNorm's gamma): a block stages them whatever rows it holds, a partial last block's
+    too, where the data of inputs read alike by runs of rows (a mask per batch) would depend
+    on rows past the end."""
+    return [b for b in dec.block_shared if b.span == rows]
+
+
+def _reread_block_inputs(dec: Decisions, why: str, kept: list[BlockShared]) -> None:
+    """Re-read every input staged per block but those ``kept``: ``why`` there is no vertical
+    packing."""
     for b in dec.block_shared:
+        if b in kept:
+            continue
         runs = "every row" if is_symbolic(b.span) else f"runs of {b.span} rows"
         dec.global_reads.append(Buffer(b.name, BufferRole.INPUT, StorageLevel.GLOBAL, 0,
                                        f"read alike by {runs}; {why}, no vertical packing: "
                                        "re-read (served by the L2 cache)"))
-    dec.block_shared.clear()
+    dec.block_shared[:] = kept
 
 
 def _pack_horizontally(dec: Decisions, mapping: ThreadMapping, gpu: GPU, budget: int,
@@ -339,22 +350,25 @@ def _pack_horizontally(dec: Decisions, mapping: ThreadMapping, gpu: GPU, budget:
     packing is taken only if it leaves the fewest blocks, a block for every SM, the register
     cap of one row per block, at most ``PACKED_ROW_THREADS`` threads and shared memory
     within ``budget``."""
+    symbolic = is_symbolic(mapping.rows)
+    if symbolic:  # its block then stages the inputs every row reads alike, and only those
+        dec = replace(dec, block_shared=_every_row(dec, mapping.rows))
     if not dec.block_shared or mapping.rows_per_block != 1 \
-            or mapping.threads_per_row <= WARP_SIZE or is_symbolic(mapping.rows) \
-            or mapping.length_expr or any(is_symbolic(b.span) for b in dec.block_shared) \
+            or mapping.threads_per_row <= WARP_SIZE or mapping.length_expr \
+            or (not symbolic and any(is_symbolic(b.span) for b in dec.block_shared)) \
             or shared_bytes_of(dec, mapping) > budget:
         return mapping
     span = min(b.span for b in dec.block_shared)
 
     def blocks_and_cap(packed: ThreadMapping) -> tuple[int, int]:
         launch = launch_of(gpu, packed.threads_per_block, shared_bytes_of(dec, packed))
-        steps = row_steps(packed, launch.wave, span)
+        steps = 1 if symbolic else row_steps(packed, launch.wave, span)
         return mapping.rows // (packed.rows_per_block * steps), launch.max_registers
 
     fewest, cap = blocks_and_cap(mapping)
     best, packed = mapping, 2
     while packed * mapping.threads_per_row <= min(max_threads, PACKED_ROW_THREADS) \
-            and span % packed == 0:
+            and (symbolic or span % packed == 0):
         candidate = replace(mapping, rows_per_block=packed)
         packed *= 2
         if shared_bytes_of(dec, candidate) > budget:
@@ -378,18 +392,20 @@ def _pack_vertically(dec: Decisions, mapping: ThreadMapping, gpu: GPU,
             or (mapping.rows // mapping.rows_per_block) % chosen):
         raise Unstitchable(f"{chosen} row steps do not divide the row groups of "
                            f"{mapping.rows} rows, {mapping.rows_per_block} per block")
-    if partial and not is_symbolic(mapping.rows):  # a guarded last block: one step each
-        _reread_block_inputs(dec, "the last block is partial")
+    if partial:  # a guarded last block: one step each
+        _reread_block_inputs(dec, "symbolic row count" if is_symbolic(mapping.rows)
+                             else "the last block is partial", _every_row(dec, mapping.rows))
         return replace(mapping, row_steps=1)
-    if is_symbolic(mapping.rows):
-        _reread_block_inputs(dec, "symbolic row count")
-        return mapping
     wave = launch_of(gpu, mapping.threads_per_block, shared_bytes_of(dec, mapping)).wave
     if chosen is not None:
         mapping = replace(mapping, row_steps=chosen)
     elif dec.block_shared:
         span = min(b.span for b in dec.block_shared)
         mapping = replace(mapping, row_steps=row_steps(mapping, wave, span))
+        if mapping.rows_per_block * mapping.row_steps == 1:
+            # too few rows for half a wave of blocks sharing them: the block still walks
+            # the steps that fit a wave, and stages the inputs for them if their runs allow
+            mapping = replace(mapping, row_steps=row_steps(mapping, wave))
     rows_per_block = mapping.rows_per_block * mapping.row_steps
     for b in list(dec.block_shared):
         if rows_per_block == 1 or b.span % rows_per_block:

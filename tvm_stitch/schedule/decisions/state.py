@@ -137,8 +137,9 @@ def plan_buffers(dec: Decisions, mapping: ThreadMapping, reused: list[str]) -> t
         out.append(Buffer(s.name, s.role, StorageLevel.REGISTER, 0, s.note, s.block))
     rows = mapping.rows_per_block * mapping.row_steps
     for b in dec.block_shared:
+        runs = "every row" if b.span == mapping.rows else f"runs of {b.span} rows"
         out.append(Buffer(b.name, BufferRole.INPUT, StorageLevel.SHARED, b.size,
-                          f"read alike by runs of {b.span} rows: once per block of {rows} rows",
+                          f"read alike by {runs}: once per block of {rows} rows",
                           per_block=True))
     out.extend(dec.global_reads)
     return tuple(out)
