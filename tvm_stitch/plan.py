@@ -145,8 +145,10 @@ class Choices:
     parts per row of task splitting (1: none), column tiles of a Global group's row phases
     (1: none), the inputs re-read from global memory rather than staged on chip, and the
     inputs held in their threads' registers rather than staged per row, whether a row
-    group's reductions read their inputs a vector at a time (``vector_reads``), and whether
-    an element-wise group walks its rows (``walk_rows``: a ROW_WALK mapping, else FLAT).
+    group's reductions read their inputs a vector at a time (``vector_reads``), whether
+    an element-wise group walks its rows (``walk_rows``: a ROW_WALK mapping, else FLAT), and
+    whether a row group's maximum and sum of exponentials (a softmax's) are one online
+    reduction (``online_softmax``, ``transform.online_softmax``).
     ``schedule.decisions`` applies them and raises Unstitchable for an illegal one; the
     candidate space (``tuning.space``) offers only legal ones."""
 
@@ -161,6 +163,7 @@ class Choices:
     held: tuple[str, ...] = ()
     vector_reads: bool | None = None
     walk_rows: bool | None = None
+    online_softmax: bool | None = None
 
     def __str__(self) -> str:
         fixed = [f"{f.name.replace('_', ' ')} {getattr(self, f.name)}" for f in fields(self)
@@ -386,7 +389,10 @@ class Group:
     the plan of the kernel's second body when its rows, of symbolic length, are staged on
     chip sized for the declared bound (``mapping.length_bound``): the kernel runs this one
     when the run-time length exceeds the bound, with the same threads, re-reading what the
-    first body stages and recomputing its Regional intermediates.
+    first body stages and recomputing its Regional intermediates. ``online`` names the
+    maximum blocks that also sum the exponentials of their row in the same pass (an online
+    softmax, ``transform.online_softmax``): the blocks of those sums are gone from the
+    kernel, and the row is read once for both.
     """
 
     id: int
@@ -410,6 +416,7 @@ class Group:
     scalar_blocks: tuple[str, ...] = ()
     vector_reads: tuple[str, ...] = ()
     lane_blocks: tuple[str, ...] = ()
+    online: tuple[str, ...] = ()
     choices: Choices = field(default_factory=Choices)
     source: ChoiceSource = ChoiceSource.HEURISTIC
     beyond_bound: Group | None = None
@@ -533,6 +540,9 @@ def format_plan(plan: StitchPlan) -> str:
             lines.append(f"  edge {e.producer} -> {e.consumer}: {e.scheme.value}")
         if g.mapping is not None:
             lines.append(f"  mapping {g.mapping}")
+        if g.online:
+            lines.append(f"  online softmax: {', '.join(g.online)} also sum the exponentials "
+                         "of their row, in the same pass")
         if g.inlined:
             lines.append(f"  in registers (inlined): {', '.join(g.inlined)}")
         for b in g.buffers:

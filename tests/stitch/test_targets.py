@@ -15,7 +15,8 @@ from tvm_stitch.testing.resources import check_resources
 from tvm_stitch.workloads import registry
 
 WORKLOADS = ["rowreduce_750000x32", "softmax_64x30000", "colsum_8192x1024",
-             "layernorm_backward", "batchnorm_train", "adam_update", "logsoftmax_nll"]
+             "layernorm_backward", "batchnorm_train", "adam_update", "logsoftmax_nll",
+             "cross_entropy_128256"]
 
 
 @functools.cache
@@ -42,6 +43,7 @@ def test_each_workload_is_one_kernel(name: str) -> None:
                                              ("rowreduce_750000x32", 1.0),
                                              ("colsum_8192x1024", 1.2),
                                              ("logsoftmax_nll", 1.05),
+                                             ("cross_entropy_128256", 1.01),
                                              ("softmax_64x30000", 1.05),
                                              ("batchnorm_train", 2.2)])
 def test_traffic_ratio(name: str, ratio: float) -> None:

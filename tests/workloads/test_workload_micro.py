@@ -83,6 +83,7 @@ REFERENCES: dict[str, Callable[[Arrays, Arrays], list[np.ndarray]]] = {
         _softmax(_layer_norm(f["x"], w["gamma"], w["beta"])) + f["x"]
     ],
     "logsoftmax_nll": lambda f, w: [np.asarray(_nll(f))],
+    "cross_entropy_128256": lambda f, w: [np.asarray(_nll(f))],
     "layernorm_backward": lambda f, w: _layernorm_backward(f),
     "batchnorm_train": _batchnorm,
     "adam_update": lambda f, w: _adam(f),

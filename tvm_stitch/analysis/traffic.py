@@ -6,7 +6,8 @@ every thread) x the trip counts of the enclosing loops. A vector access (``Ramp`
 vector dtype) counts all its lanes. Identical loads inside one statement (the same buffer and
 index, as in ``(x[i] - m) * (x[i] - m)``, or ``x[i]`` in both the condition and a branch of
 ``if_then_else(0 < x[i], x[i], ...)``) count once, where the first is executed: nvcc keeps
-the loaded value in a register.
+the loaded value in a register. So do identical loads of consecutive bindings, which write
+no memory (the two values an online softmax combines each element into).
 
 Guards: with ``exact_guards=True`` (the default) an access under ``if`` / ``if_then_else``
 counts only at the points where the conditions hold, evaluated exactly when they are integer
@@ -154,9 +155,10 @@ class _Counter:
         self.exact_guards = exact_guards
         self.lets: dict[tvm.ir.Var, tvm.ir.PrimExpr] = {}
         self.result = KernelTraffic()
-        # Loads counted in the current statement, keyed by (buffer, index hash), with the
-        # guards they were counted under.
+        # Loads counted in the current statement (or run of bindings), keyed by (buffer,
+        # index hash), with the guards they were counted under.
         self.seen: dict[tuple[tvm.ir.Var, int], list[tuple[tvm.ir.PrimExpr, ...]]] = {}
+        self.binding = False  # the statement before was a Bind: its loads are still counted
         self.name = name
 
     def constant(self, var: tvm.ir.Var) -> int | None:
@@ -235,7 +237,9 @@ class _Counter:
     # Statements -----------------------------------------------------------------------
 
     def stmt(self, stmt: tirx.Stmt, frame: _Frame) -> None:
-        self.seen.clear()
+        if not (isinstance(stmt, tirx.Bind) and self.binding):
+            self.seen.clear()
+        self.binding = isinstance(stmt, tirx.Bind)
         if isinstance(stmt, tirx.SeqStmt):
             for s in stmt.seq:
                 self.stmt(s, frame)

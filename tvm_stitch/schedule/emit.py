@@ -41,6 +41,7 @@ from ..plan import (
     ThreadMapping,
 )
 from ..symbolic import dim_value, is_symbolic
+from ..transform.online_softmax import with_online_softmax
 from .blocks import (
     LOCAL,
     SCOPES,
@@ -200,7 +201,7 @@ def rewritten(func: tirx.PrimFunc, group: Group) -> Rewritten:
     split, partial sums made and the blocks ordered by phase."""
     if group.mapping is None:
         raise Unstitchable(f"group {group.id} has no thread mapping")
-    func = prepare(func)
+    func = with_online_softmax(prepare(func), group.online)
     if group.permuted_copies:
         func, moves = permute_rows(func)
         planned = RowPermutation(group.permuted_copies, group.permuted_outputs)

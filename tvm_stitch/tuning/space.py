@@ -4,8 +4,10 @@ The rules' own kernel (``Choices()``) comes first. The other choices vary what t
 decide (``plan.Choices``) around the rules' kernel: threads per row and per block, rows
 packed per block and walked in sequence, elements per access, whether an element-wise group
 walks its rows or is flat, task-splitting parts, column
-tiles, which staged inputs are re-read or held in registers instead, and whether reductions
-read their inputs in vectors. A choice is offered only once
+tiles, which staged inputs are re-read or held in registers instead, whether reductions
+read their inputs in vectors, and a row group's softmax in two passes or online (the
+other of the rules' pick; ``decide`` refuses it where there is no softmax). A choice is
+offered only once
 ``decisions.decide`` has built it, so every candidate is legal by construction: its
 resource checks (shared memory, registers, waves of a persistent grid) ran before it is
 offered, and a choice the rules refuse is dropped.
@@ -112,6 +114,8 @@ def choice_space(group: Group, max_threads: int) -> list[Choices]:
             space += [Choices(threads_per_row=t, rows_per_block=p, row_steps=s, vector=v,
                               reread=r, held=h, vector_reads=w)
                       for p, s, w in itertools.product(packs, [None, *ROW_STEPS], reads)]
+    if mapping.kind not in (MappingKind.FLAT, MappingKind.ROW_WALK):
+        space.append(Choices(online_softmax=not group.online))
     return list(dict.fromkeys(space))
 
 

@@ -222,6 +222,9 @@ _register("scale_mask_softmax", scale_mask_softmax, (2, 4, 64, 64), (8, 12, 512,
 _register("layernorm_softmax_add", layernorm_softmax_add, (64, 256), (128, 768))
 _register("logsoftmax_nll", logsoftmax_nll, (32, 1000), (2048, 32000),
           "LogSoftmax + negative log-likelihood loss of int64 targets (mean)")
+_register("cross_entropy_128256", logsoftmax_nll, (1, 50257), (2048, 128256),
+          "Cross-entropy (LogSoftmax + NLL) over a vocabulary of LLaMA 3's size: a row of "
+          "logits is too long for the chip (one row of GPT-2's vocabulary at ci size)")
 _register("layernorm_backward", layernorm_backward, (64, 256), (8192, 768),
           "LayerNorm backward: dx (row reductions), dgamma and dbeta (column reductions)")
 _register("batchnorm_train", batchnorm_train, (256, 128), (16384, 1024),

@@ -39,10 +39,14 @@ from typing import TypeVar
 from tvm import s_tir, tirx
 from tvm.target import Target
 
+from ...analysis.report import lowered_reports
 from ...analysis.roofline import GPU
+from ...analysis.traffic import AnalysisError
 from ...lowering import LoweredFunc, lower
-from ...plan import Choices, Group, StorageLevel
+from ...plan import BufferRole, Choices, Group, StorageLevel
+from ...symbolic import YARDSTICK_SIZE, declared_bounds, shape_var_names
 from ...target import MAX_SHARED_MEMORY_PER_BLOCK, MAX_THREADS_PER_BLOCK
+from ...transform.online_softmax import find_online_pairs, with_online_softmax
 from ..blocks import (
     LOCAL,
     SHARED,
@@ -100,12 +104,87 @@ def decide(func: tirx.PrimFunc, group: Group, rows: int | None,
     illegal choice raises Unstitchable. The decisions are checked by scheduling ``func``
     with them once (``kernel``) and, given a target, building it; the launch configuration
     is settled against the shared memory the built kernel really declares.
+
+    A row group with a softmax's maximum and sum of exponentials (``find_online_pairs``)
+    takes them as one online reduction when ``choices`` say so; left to the rules, when the
+    two-pass kernel does not build, or when one of its bodies reads an input from global
+    memory again and the online kernel moves no more bytes at any size counted and fewer at
+    one (counted from the built kernels): on chip, the two passes take two exponentials per
+    element, the online reduction and its output pass three.
     """
     choices = choices or Choices()
-    group = replace(group, choices=choices)
+    pairs = tuple(dict.fromkeys(p.maximum for p in find_online_pairs(prepare(func)))) \
+        if rows is not None else ()
+    if choices.online_softmax and not pairs:
+        raise Unstitchable("no maximum and sum of exponentials to take as one online "
+                           "reduction")
+    if not pairs or choices.online_softmax is not None:
+        return _decide(func, group, rows, target, choices,
+                       pairs if choices.online_softmax else ())
+    return _two_pass_or_online(func, group, rows, target, choices, pairs)
+
+
+def _two_pass_or_online(func: tirx.PrimFunc, group: Group, rows: int, target: Target | None,
+                        choices: Choices, pairs: tuple[str, ...]) -> Decided:
+    """The rules' pick between the two-pass kernel and the online one (``decide``)."""
+    try:
+        two_pass = _decide(func, group, rows, target, choices, ())
+    except Unstitchable as err:
+        try:
+            return _decide(func, group, rows, target, choices, pairs)
+        except Unstitchable:
+            raise err from None
+    bodies = [two_pass.group, *filter(None, [two_pass.group.beyond_bound])]
+    if not any(b.role is BufferRole.INPUT and b.level is StorageLevel.GLOBAL
+               for body in bodies for b in body.buffers):
+        return two_pass
+    try:
+        online = _decide(func, group, rows, target, choices, pairs)
+    except Unstitchable:
+        return two_pass
+    counts = [(_global_bytes(online, at), _global_bytes(two_pass, at))
+              for at in _counted_sizes(func, two_pass)]
+    if all(o is not None and t is not None and o <= t for o, t in counts) \
+            and any(o < t for o, t in counts):
+        return online
+    return two_pass
+
+
+def _counted_sizes(func: tirx.PrimFunc, decided: Decided) -> list[dict[str, int]]:
+    """The sizes of the symbolic dimensions of ``decided``'s kernel to compare kernels at:
+    ``YARDSTICK_SIZE`` each, and for a kernel with a second body beyond declared bounds, the
+    bounded ones one past their bounds."""
+    lowered = decided.lowered
+    if lowered is None:
+        return []
+    names = shape_var_names(d for p in lowered.params if isinstance(p.ty, tirx.BufferType)
+                            for d in p.shape)
+    sizes = [dict.fromkeys(names, YARDSTICK_SIZE)]
+    bounds = declared_bounds(func.attrs)
+    if decided.group.beyond_bound is not None and bounds:
+        sizes.append({n: bounds[n] + 1 if n in bounds else YARDSTICK_SIZE for n in names})
+    return sizes
+
+
+def _global_bytes(decided: Decided, sizes: dict[str, int]) -> int | None:
+    """Global bytes of the built kernels of ``decided`` with its symbolic dimensions at
+    ``sizes``; None when not built for a target or not countable."""
+    if decided.lowered is None:
+        return None
+    try:
+        reports = lowered_reports(decided.lowered, shape_vars=sizes)
+    except AnalysisError:
+        return None
+    return sum(k.traffic.global_bytes for k in reports)
+
+
+def _decide(func: tirx.PrimFunc, group: Group, rows: int | None, target: Target | None,
+            choices: Choices, online: tuple[str, ...]) -> Decided:
+    """``decide`` with the maximum blocks ``online`` merged with their sums."""
+    group = replace(group, choices=choices, online=online)
     budget, max_threads = target_budget(target)
     gpu = device_of(target)
-    fused, func = func, prepare(func)
+    fused, func = func, with_online_softmax(prepare(func), online)
     if rows is not None:
         func, moves = permute_rows(func)
         group = replace(group, permuted_copies=moves.copies, permuted_outputs=moves.outputs)
@@ -117,9 +196,12 @@ def decide(func: tirx.PrimFunc, group: Group, rows: int | None,
     elif column_reductions(sch, rows):
         done = decide_global(sch, func, group, rows, budget, max_threads, gpu)
     else:
-        split = decide_split(func, group, rows, budget, max_threads, gpu)
+        # a split row's partial pairs would be combined after a grid barrier from values
+        # the SIMT runner cannot carry over it: an online softmax keeps a block per row
+        split = None if online else decide_split(func, group, rows, budget, max_threads, gpu)
         if split is None and (choices.split_parts or 1) > 1:
-            raise Unstitchable(f"the rows cannot be split in {choices.split_parts} parts")
+            raise Unstitchable(f"the rows cannot be split in {choices.split_parts} parts"
+                               + (" with an online softmax" if online else ""))
         if split is not None:
             try:
                 return _built(fused, split, target, gpu)

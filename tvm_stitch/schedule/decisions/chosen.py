@@ -20,11 +20,11 @@ WALK_CHOICES = frozenset({"row_steps", "vector", "walk_rows"})
 """What the choices of an element-wise group that walks its rows may fix."""
 
 ROW_CHOICES = frozenset({"threads_per_row", "rows_per_block", "row_steps", "vector",
-                         "split_parts", "reread", "held", "vector_reads"})
+                         "split_parts", "reread", "held", "vector_reads", "online_softmax"})
 """What a row group's choices may fix."""
 
 GLOBAL_CHOICES = frozenset({"threads_per_row", "vector", "split_parts", "column_tiles",
-                            "reread"})
+                            "reread", "online_softmax"})
 """What a Global group's choices may fix (a split row group's: not its threads)."""
 
 

@@ -129,7 +129,7 @@ def decide_rows(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: in
 def register_cache(sch: s_tir.Schedule, func: tirx.PrimFunc, dec: Decisions,
                    mapping: ThreadMapping, infos: dict[str, BlockRows]
                    ) -> tuple[list[str], int]:
-    """The inputs that several blocks read from global memory, and how many of their
+    """The inputs that several blocks read from global memory at known places, and how many of their
     elements one thread then keeps in registers per row of its block: nvcc fully unrolls a
     thread's loops over its elements and holds an input it reads again from the first read
     to the last (``occupancy.REGISTERS_PER_CACHED_ELEMENT``). An input that a row block
@@ -137,8 +137,10 @@ def register_cache(sch: s_tir.Schedule, func: tirx.PrimFunc, dec: Decisions,
     elements also keeps an address of its own (fuzz case g1337 spilled at the cap)."""
     on_chip = {s.name for s in dec.staged} | {b.name for b in dec.block_shared}
     written = {p.name for p in written_params(func, sch)}
+    # a gather's read is of one element at a place known at run time only: nothing for a
+    # register to keep (a cross-entropy reads its row once, then the target's logit)
     reread = [p for p in buffer_params(func)
-              if p.name not in on_chip | written and len(readers(sch, p)) > 1]
+              if p.name not in on_chip | written and len(readers(sch, p, affine=True)) > 1]
     if mapping.length_expr:  # a loop of run-time extent: nothing unrolled, nothing kept
         return [p.name for p in reread], 0
     vector = mapping.vector  # a thread's accesses are vectors of this many elements
@@ -203,12 +205,14 @@ def decide_inlining(sch: s_tir.Schedule, func: tirx.PrimFunc, infos: dict[str, B
         info = infos.get(name)
         if info is None or writes_param(sch, func, block):
             continue
-        buffer = sch.get(block).writes[0].source
-        if info.is_reduction:
-            dec.results.append(Staging(buffer.name, BufferRole.INTERMEDIATE,
-                                       row_elements(buffer, rows) * bytes_of(buffer),
-                                       "reduction result", name))
+        if info.is_reduction:  # each result of a reduction of several (an online softmax)
+            for region in sch.get(block).writes:
+                dec.results.append(Staging(region.source.name, BufferRole.INTERMEDIATE,
+                                           row_elements(region.source, rows)
+                                           * bytes_of(region.source), "reduction result",
+                                           name))
             continue
+        buffer = sch.get(block).writes[0].source
         users = readers(sch, buffer, exclude=block)
         sites = sum(load_count(sch, u, buffer) for u in users)
         gathered = len(readers(sch, buffer, exclude=block, affine=True)) < len(users)
