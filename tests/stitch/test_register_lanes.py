@@ -109,3 +109,27 @@ def test_vectorisable_blocks_are_not_register_lanes() -> None:
     scheduled = pipeline.lower(import_model(model), "cuda:sm_90", "stitch")
     (group,) = StitchPlan.of_module(scheduled).groups
     assert group.mapping.vector > 1 and not group.lane_blocks
+
+
+def test_an_input_another_block_reads_transposed() -> None:
+    """Fuzz graph 1205:36, smaller: ``erf(x) / c`` and ``transpose(x) / c'`` in one flat
+    kernel. The erf block's register copy of x was made for every reader of x, so it held the
+    transposed reader's elements too and the kernel fell back ("scheduling failed"); it is
+    now the erf block's alone."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [30000, 32])
+    outputs = [helper.make_tensor_value_info("a", TensorProto.FLOAT, [30000, 32]),
+               helper.make_tensor_value_info("t", TensorProto.FLOAT, [32, 30000])]
+    inits = [numpy_helper.from_array(np.linspace(0.5, 1.5, 32).astype(np.float32), "c"),
+             numpy_helper.from_array(np.array(1.5, np.float32), "d")]
+    nodes = [helper.make_node("Erf", ["x"], ["e"]), helper.make_node("Div", ["e", "c"], ["a"]),
+             helper.make_node("Transpose", ["x"], ["xt"], perm=[1, 0]),
+             helper.make_node("Div", ["xt", "d"], ["t"])]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], outputs, inits),
+                              opset_imports=[helper.make_opsetid("", 18)])
+    scheduled = pipeline.lower(import_model(model), "cuda:sm_90", "stitch")
+    plan = StitchPlan.of_module(scheduled)
+    assert not plan.fallbacks and len(plan.groups) == 1, str(plan)
+    assert plan.groups[0].lane_blocks, str(plan)
+    assert verify.run_simt(scheduled, model).ok
+    report = check_resources(scheduled)
+    assert not report.violations, report.violations

@@ -42,7 +42,8 @@ def register_lanes(sch: s_tir.Schedule, names: tuple[str, ...], vector: int) -> 
         for buffer in _moving_inputs(sch.get(block)):
             index = next(i for i, r in enumerate(sch.get(block).reads)
                          if r.source.same_as(buffer))
-            copy = sch.cache_read(block, index, LOCAL)
+            # this block's copy only: another block may read the buffer elsewhere
+            copy = sch.cache_read(block, index, LOCAL, consumer_blocks=[block])
             sch.compute_at(copy, at, preserve_unit_loops=True)
             _vectorise_copy(sch, copy, at, vector)
             local = sch.get(copy).writes[0].source
