@@ -146,3 +146,11 @@ def upper_bound(expr: tvm.ir.PrimExpr, bounds: dict[str, int]) -> int | None:
         ana.bind(var, tirx.IntImm(var.ty.dtype, bounds[str(var.name)]))
     value = ana.simplify(expr)
     return int(value) if isinstance(value, tirx.IntImm) else None
+
+
+def yardstick_sizes(func: tirx.PrimFunc) -> dict[str, int]:
+    """``YARDSTICK_SIZE`` for every shape variable of ``func``'s parameters."""
+    names = shape_var_names(d for p in func.params if isinstance(p.ty, tirx.BufferType)
+                            for d in p.shape)
+    names |= {p.name for p in func.params if not isinstance(p.ty, tirx.BufferType)}
+    return dict.fromkeys(sorted(names), YARDSTICK_SIZE)

@@ -550,3 +550,28 @@ def analyze(scheduled: IRModule, input_shapes: Shapes | None = None, *,
     notes = [] if all(k.traffic.exact for k in kernels) else [
         "* some guards counted as always true: that kernel's bytes are upper bounds"]
     return ModuleReport(kernels, inputs, constants, outputs, notes)
+
+
+def global_bytes(lowered: LoweredFunc, persistent_params: set[str] | None = None,
+                 sizes: dict[str, int] | None = None) -> int | None:
+    """Global bytes all kernels of ``lowered`` move, symbolic dimensions at ``sizes``; None
+    when a dimension has no size.
+
+    For a Global group give its PrimFunc's parameters (``persistent_params``): its inputs
+    count as read, its outputs once each, and its scratch buffers (partial sums) not at all.
+    Its partial sums and the combination of its outputs go through global memory by design,
+    a few rows of sums that stay in L2, bought for the parallelism TVM's column reductions
+    and long rows lack; what it reads of its inputs is compared like any kernel's."""
+    try:
+        reports = lowered_reports(lowered, shape_vars=sizes)
+    except AnalysisError:
+        return None
+    if persistent_params is None:
+        return sum(k.traffic.global_bytes for k in reports)
+    moved: dict[str, int] = {}
+    for report in reports:
+        for name, b in report.traffic.buffers.items():
+            if name in persistent_params:
+                moved[name] = b.size_bytes if b.write_bytes else moved.get(name, 0) + \
+                    b.read_bytes
+    return sum(moved.values())

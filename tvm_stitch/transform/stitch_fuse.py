@@ -25,6 +25,7 @@ from tvm import relax, tirx
 from tvm.ir import IRModule
 from tvm.target import Target
 
+from ..analysis.report import global_bytes
 from ..graph.operands import Limits
 from ..graph.ops import OPAQUE
 from ..graph.planner import Draft, draft_plan
@@ -33,10 +34,10 @@ from ..plan import GROUP_ATTR, ComputeOp, Fallback, Group, Refusal, StitchPlan
 from ..schedule.decisions.choosing import Task, decisions_for
 from ..schedule.rows import Unstitchable, error_summary
 from ..schedule.rule import contraction_rules, is_scheduled, pads_matmul, schedule_func
-from ..symbolic import declared_bounds, with_bounds
+from ..symbolic import declared_bounds, with_bounds, yardstick_sizes
 from .outline import outline
 from .unwrap_indices import unwrap_indices
-from .yardstick import Yardstick, global_bytes, yardstick_sizes
+from .yardstick import Yardstick
 
 logger = logging.getLogger(__name__)
 

@@ -19,44 +19,11 @@ from __future__ import annotations
 from tvm import relax, tirx
 from tvm.target import Target
 
-from ..analysis import AnalysisError, lowered_reports
+from ..analysis.report import global_bytes
 from ..graph.tvm_fusion import TVMFusion
-from ..lowering import LoweredFunc, lower
+from ..lowering import lower
 from ..schedule.rule import default_rules, schedule_func
-from ..symbolic import YARDSTICK_SIZE, shape_var_names
-
-
-def yardstick_sizes(func: tirx.PrimFunc) -> dict[str, int]:
-    """``YARDSTICK_SIZE`` for every shape variable of ``func``'s parameters."""
-    names = shape_var_names(d for p in func.params if isinstance(p.ty, tirx.BufferType)
-                            for d in p.shape)
-    names |= {p.name for p in func.params if not isinstance(p.ty, tirx.BufferType)}
-    return dict.fromkeys(sorted(names), YARDSTICK_SIZE)
-
-
-def global_bytes(lowered: LoweredFunc, persistent_params: set[str] | None = None,
-                 sizes: dict[str, int] | None = None) -> int | None:
-    """Global bytes all kernels of ``lowered`` move, symbolic dimensions at ``sizes``; None
-    when a dimension has no size.
-
-    For a Global group give its PrimFunc's parameters (``persistent_params``): its inputs
-    count as read, its outputs once each, and its scratch buffers (partial sums) not at all.
-    Its partial sums and the combination of its outputs go through global memory by design,
-    a few rows of sums that stay in L2, bought for the parallelism TVM's column reductions
-    and long rows lack; what it reads of its inputs is compared like any kernel's."""
-    try:
-        reports = lowered_reports(lowered, shape_vars=sizes)
-    except AnalysisError:
-        return None
-    if persistent_params is None:
-        return sum(k.traffic.global_bytes for k in reports)
-    moved: dict[str, int] = {}
-    for report in reports:
-        for name, b in report.traffic.buffers.items():
-            if name in persistent_params:
-                moved[name] = b.size_bytes if b.write_bytes else moved.get(name, 0) + \
-                    b.read_bytes
-    return sum(moved.values())
+from ..symbolic import yardstick_sizes
 
 
 class Yardstick:

@@ -39,12 +39,11 @@ from typing import TypeVar
 from tvm import s_tir, tirx
 from tvm.target import Target
 
-from ...analysis.report import lowered_reports
+from ...analysis.report import global_bytes
 from ...analysis.roofline import GPU
-from ...analysis.traffic import AnalysisError
 from ...lowering import LoweredFunc, lower
 from ...plan import BufferRole, Choices, Group, StorageLevel
-from ...symbolic import YARDSTICK_SIZE, declared_bounds, shape_var_names
+from ...symbolic import declared_bounds, yardstick_sizes
 from ...target import MAX_SHARED_MEMORY_PER_BLOCK, MAX_THREADS_PER_BLOCK
 from ...transform.online_softmax import find_online_pairs, with_online_softmax
 from ..blocks import (
@@ -142,7 +141,7 @@ def _two_pass_or_online(func: tirx.PrimFunc, group: Group, rows: int, target: Ta
         online = _decide(func, group, rows, target, choices, pairs)
     except Unstitchable:
         return two_pass
-    counts = [(_global_bytes(online, at), _global_bytes(two_pass, at))
+    counts = [(global_bytes(online.lowered, sizes=at), global_bytes(two_pass.lowered, sizes=at))
               for at in _counted_sizes(func, two_pass)]
     if all(o is not None and t is not None and o <= t for o, t in counts) \
             and any(o < t for o, t in counts):
@@ -151,31 +150,16 @@ def _two_pass_or_online(func: tirx.PrimFunc, group: Group, rows: int, target: Ta
 
 
 def _counted_sizes(func: tirx.PrimFunc, decided: Decided) -> list[dict[str, int]]:
-    """The sizes of the symbolic dimensions of ``decided``'s kernel to compare kernels at:
-    ``YARDSTICK_SIZE`` each, and for a kernel with a second body beyond declared bounds, the
-    bounded ones one past their bounds."""
-    lowered = decided.lowered
-    if lowered is None:
-        return []
-    names = shape_var_names(d for p in lowered.params if isinstance(p.ty, tirx.BufferType)
-                            for d in p.shape)
-    sizes = [dict.fromkeys(names, YARDSTICK_SIZE)]
-    bounds = declared_bounds(func.attrs)
-    if decided.group.beyond_bound is not None and bounds:
-        sizes.append({n: bounds[n] + 1 if n in bounds else YARDSTICK_SIZE for n in names})
-    return sizes
-
-
-def _global_bytes(decided: Decided, sizes: dict[str, int]) -> int | None:
-    """Global bytes of the built kernels of ``decided`` with its symbolic dimensions at
-    ``sizes``; None when not built for a target or not countable."""
+    """The sizes of ``func``'s symbolic dimensions to compare kernels at: the yardstick's,
+    and for a kernel with a second body beyond declared bounds, the bounded ones one past
+    their bounds; none when not built for a target."""
     if decided.lowered is None:
-        return None
-    try:
-        reports = lowered_reports(decided.lowered, shape_vars=sizes)
-    except AnalysisError:
-        return None
-    return sum(k.traffic.global_bytes for k in reports)
+        return []
+    sizes = yardstick_sizes(func)
+    bounds = declared_bounds(func.attrs)
+    beyond = [{n: bounds[n] + 1 if n in bounds else v for n, v in sizes.items()}] \
+        if decided.group.beyond_bound is not None and bounds else []
+    return [sizes, *beyond]
 
 
 def _decide(func: tirx.PrimFunc, group: Group, rows: int | None, target: Target | None,

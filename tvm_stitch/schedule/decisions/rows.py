@@ -129,12 +129,12 @@ def decide_rows(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: in
 def register_cache(sch: s_tir.Schedule, func: tirx.PrimFunc, dec: Decisions,
                    mapping: ThreadMapping, infos: dict[str, BlockRows]
                    ) -> tuple[list[str], int]:
-    """The inputs that several blocks read from global memory at known places, and how many of their
-    elements one thread then keeps in registers per row of its block: nvcc fully unrolls a
-    thread's loops over its elements and holds an input it reads again from the first read
-    to the last (``occupancy.REGISTERS_PER_CACHED_ELEMENT``). An input that a row block
-    (``infos``) reads out of the row's order (through a transpose) counts twice: each of its
-    elements also keeps an address of its own (fuzz case g1337 spilled at the cap)."""
+    """The inputs that several blocks read from global memory at known places, and how many
+    of their elements one thread then keeps in registers per row of its block: nvcc fully
+    unrolls a thread's loops over its elements and holds an input it reads again from the
+    first read to the last (``occupancy.REGISTERS_PER_CACHED_ELEMENT``). An input that a row
+    block (``infos``) reads out of the row's order (through a transpose) counts twice: each
+    of its elements also keeps an address of its own (fuzz case g1337 spilled at the cap)."""
     on_chip = {s.name for s in dec.staged} | {b.name for b in dec.block_shared}
     written = {p.name for p in written_params(func, sch)}
     # a gather's read is of one element at a place known at run time only: nothing for a
