@@ -174,9 +174,10 @@ def _mean_seconds(simt: SimtFunction, arrays: Sequence[np.ndarray], runs: int) -
     return (time.process_time() - start) / runs
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=128)
 def _simt_function(text: str) -> SimtFunction:
-    """The kernel ``serialize`` wrote, built once for the calls of one session."""
+    """The kernel ``serialize`` wrote, built once for the calls of one session or of one
+    SimtRunner worker's rounds (a measured batch up to the cache's size)."""
     return SimtFunction.from_primfunc(deserialize(text))
 
 
@@ -189,13 +190,22 @@ def simt_seconds(artifact: str, runs: int, *tensors: tvm.runtime.Tensor) -> floa
     return _mean_seconds(simt, [t.numpy() for t in tensors], runs)
 
 
-def _simt_costs(text: str, runs: int, repeat: int, seed: int) -> list[float]:
-    """``repeat`` means of ``runs`` SIMT runs of the serialised kernel ``text`` on
-    ``arguments``; SimtRunner's worker task."""
+def _simt_cost(text: str, runs: int, seed: int) -> float:
+    """The mean of ``runs`` SIMT runs of the serialised kernel ``text`` on its ``arguments``;
+    SimtRunner's worker task."""
     func = deserialize(text)
-    simt = SimtFunction.from_primfunc(func)
-    arrays = arguments(func, seed)
-    return [_mean_seconds(simt, arrays, runs) for _ in range(repeat)]
+    specs = tuple((str(p.dtype), tuple(int(d) for d in p.shape)) for p in func.params)
+    return _mean_seconds(_simt_function(text),
+                         _cached_arrays(specs, tuple(zeroed_indices(func)), seed), runs)
+
+
+@functools.lru_cache(maxsize=1)
+def _cached_arrays(specs: tuple[tuple[str, tuple[int, ...]], ...], zeroed: tuple[int, ...],
+                   seed: int) -> list[np.ndarray]:
+    """``arguments`` by their shapes: the candidates of one task take the same arrays, made
+    once for all of them and their rounds. A kernel's outputs overwrite them, which timing
+    does not mind."""
+    return _arrays(specs, zeroed, np.random.default_rng(seed))
 
 
 class SimtRunner(Runner):
@@ -203,16 +213,22 @@ class SimtRunner(Runner):
     a kernel runs longer than ``timeout_sec``. The times are CPU times, to rank candidates
     when there is no GPU and to test the tuner: never a GPU speed.
 
-    Each kernel runs once to warm up (PoCL compiles at the first launch), then ``repeat``
-    times ``runs`` runs; the result is the fastest of the ``repeat`` means: CPU times are
-    disturbed by whatever else runs, and the fastest is the least disturbed. A run is a whole
-    call of the SIMT runner, its copies to and from PoCL's buffers included.
+    The batch is timed in ``repeat`` rounds, each kernel once per round: a warm-up run
+    (PoCL compiles at the first launch) and then ``runs`` runs. A kernel's result is the
+    fastest of its rounds: CPU times are disturbed by whatever else runs, and the fastest is
+    the least disturbed; rounds over the whole batch spread a burst of other work over all
+    its candidates instead of the few timed during it. A kernel that fails or times out is
+    not timed again. A run is a whole call of the SIMT runner, its copies to and from PoCL's
+    buffers included.
     """
 
     kind = RunnerKind.SIMT
 
     def __init__(self, *, runs: int = 1, repeat: int = 3, timeout_sec: float = 120.0,
                  seed: int = SEED) -> None:
+        if runs < 1 or repeat < 1:
+            raise ValueError(f"SimtRunner needs runs and repeat of at least 1, not {runs} and "
+                             f"{repeat}")
         self.runs = runs
         self.repeat = repeat
         self.timeout_sec = timeout_sec
@@ -220,19 +236,23 @@ class SimtRunner(Runner):
         self._pool = PopenPoolExecutor(max_workers=1, timeout=timeout_sec)
 
     def measure(self, inputs: Sequence[MeasureInput]) -> list[MeasureResult]:
-        """Time each input on the SIMT runner, one after another."""
-        tasks = [(serialize(inp.func), self.runs, self.repeat, self.seed) for inp in inputs]
-        outcomes = self._pool.map_with_error_catching(lambda task: _simt_costs(*task), tasks)
-        results = []
-        for inp, outcome in zip(inputs, outcomes, strict=True):
-            if outcome.status == StatusKind.COMPLETE:
-                results.append(MeasureResult(inp.key, min(outcome.value)))
-            elif outcome.status == StatusKind.TIMEOUT:
-                results.append(MeasureResult(
-                    inp.key, None, f"SimtRunner: timeout, killed after {self.timeout_sec} s"))
-            else:
-                results.append(MeasureResult(inp.key, None, f"SimtRunner: {outcome.value}"))
-        return results
+        """Time the inputs on the SIMT runner, in ``repeat`` rounds over all of them."""
+        texts = [serialize(inp.func) for inp in inputs]
+        seconds: list[list[float]] = [[] for _ in inputs]
+        errors: dict[int, str] = {}
+        for _ in range(self.repeat):
+            timed = [i for i in range(len(inputs)) if i not in errors]
+            outcomes = self._pool.map_with_error_catching(
+                lambda task: _simt_cost(*task), [(texts[i], self.runs, self.seed) for i in timed])
+            for i, outcome in zip(timed, outcomes, strict=True):
+                if outcome.status == StatusKind.COMPLETE:
+                    seconds[i].append(outcome.value)
+                elif outcome.status == StatusKind.TIMEOUT:
+                    errors[i] = f"SimtRunner: timeout, killed after {self.timeout_sec} s"
+                else:
+                    errors[i] = f"SimtRunner: {outcome.value}"
+        return [MeasureResult(inp.key, None, errors[i]) if i in errors
+                else MeasureResult(inp.key, min(seconds[i])) for i, inp in enumerate(inputs)]
 
     def close(self) -> None:
         """Stop the worker process."""
