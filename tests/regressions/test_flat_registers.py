@@ -74,3 +74,20 @@ def test_an_input_read_in_two_shapes_takes_scalars() -> None:
     outcome = check_model(built, "stitch", triage=False, resources=True)
     assert outcome.kind == "ok", outcome.error
     assert outcome.violations == []
+
+
+def test_two_readers_of_one_element_through_a_reshape_share_a_register_copy() -> None:
+    # fuzz graph 1206:11 (large 0.5), shrunk: x on (2048, 4096) read by tanh/exp and by
+    # abs/add/pow. The readers reach a thread's element as bx % 4 * 1024 + tx * 4 and as
+    # bx * 1024 + tx * 4 - bx // 4 * 4096 (through the pow's reshape); TVM proves them equal
+    # but kept both, so the register copy of x covered a min/max of the two: a run-time trip
+    # count, an array indexed at run time, and 112 B of stack per thread on sm_80 and sm_90.
+    # The kernel now settles each min/max its domains order (transform/settle_bounds.py).
+    g = GraphBuilder("two_readers")
+    x = g.input("x", (2048, 4096))
+    e = g.op("Exp", g.op("Tanh", x))
+    s = g.op("Sqrt", g.op("Add", g.op("Abs", e), g.constant(0.5)))
+    p = g.op("Pow", g.op("Add", g.op("Abs", x), g.constant(0.5)), g.constant(2.0))
+    outcome = check_model(g.model([e, s, p]), "stitch", triage=False)
+    assert outcome.kind == "ok" and not outcome.fallbacks, (outcome.error, outcome.fallbacks)
+    assert outcome.violations == []

@@ -42,6 +42,7 @@ from ..plan import (
 )
 from ..symbolic import dim_value, is_symbolic
 from ..transform.online_softmax import with_online_softmax
+from ..transform.settle_bounds import settle_bounds
 from .blocks import (
     LOCAL,
     SCOPES,
@@ -100,13 +101,13 @@ def kernel(func: tirx.PrimFunc, group: Group) -> Kernel:
     of symbolic length staged for a declared bound (``Group.beyond_bound``) get the
     re-reading body as well, behind a run-time check of the bound (``bounded``)."""
     sch = emit(func, group)
-    out = sch.mod["main"]
+    out = settle_bounds(sch.mod["main"])
     beyond = group.beyond_bound
     if beyond is not None:
         assert beyond.mapping == group.mapping, (beyond.mapping, group.mapping)
         out, relied = bound_on_chip(out)
         assert relied, f"group {group.id} stages nothing of a symbolic size"
-        out = with_length_check(out, emit(func, beyond).mod["main"], relied)
+        out = with_length_check(out, settle_bounds(emit(func, beyond).mod["main"]), relied)
     state, workspaces = None, ()
     if group.phases:
         launch = group.launch
