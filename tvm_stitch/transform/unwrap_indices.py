@@ -6,7 +6,9 @@ the block's domains (``i < 128``, ``j < 1``, ``k < 3``) is ``[i, k]``. The wrapp
 that the access is the block's own element: a reader that keeps it in a register caches a
 box around the wrap instead (fuzz graph 4242:205: a value recomputed for every reader, and a
 copy loop whose trip count is not a constant). Only the indices change; bindings, loops and
-the rest of the function stay as they are, which schedule rules rely on.
+the rest of the function stay as they are, which schedule rules rely on. Divisions by
+symbolic extents (a reshape between ``(batch * seq, d)`` and ``(batch, seq, d)``) are
+settled too (``symbolic_division``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.sym import Analyzer
+
+from .symbolic_division import SymbolicDivision
 
 _WRAPS = (tirx.FloorMod, tirx.FloorDiv, tirx.Mod, tirx.Div)
 
@@ -35,12 +39,13 @@ def unwrap_indices(func: tirx.PrimFunc) -> tirx.PrimFunc:
             ana.bind(iv.var, iv.dom)
 
     tvm_ffi.structural_walk(func, [(s_tir.SBlock, bind)])
+    division = SymbolicDivision(ana)
 
     def simpler(expr: tvm.ir.PrimExpr) -> tvm.ir.PrimExpr:
         wraps = _wraps(expr)
         if not wraps:
             return expr
-        simplified = ana.simplify(expr)
+        simplified = division.settle(expr)
         return simplified if _wraps(simplified) < wraps else expr
 
     def on_load(load: tvm.ir.TensorLoad) -> tvm.ir.PrimExpr:
