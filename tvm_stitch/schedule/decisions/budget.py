@@ -14,16 +14,17 @@ from .state import Decisions, Staging, bytes_of, shared_bytes_of
 
 
 def fit_budget(sch: s_tir.Schedule, dec: Decisions, mapping: ThreadMapping,
-               budget: int) -> ThreadMapping:
+               budget: int, registers: int = 0) -> ThreadMapping:
     """Demote staging one buffer at a time until the block's shared memory fits ``budget``;
     an input staged per row whose readers read only their own elements goes to registers
-    when each thread holds few enough of them (``registers``), else to global memory."""
+    when each thread holds few enough of them (``hold``; ``registers`` per thread are
+    already taken, by a Global group's partial sums), else to global memory."""
     while shared_bytes_of(dec, mapping) > budget:
         used = shared_bytes_of(dec, mapping)
         if dec.staged:
             victim = max(dec.staged, key=lambda s: s.bytes_for(mapping.rows_per_block))
             dec.staged.remove(victim)
-            if hold(sch, dec, victim, mapping):
+            if hold(sch, dec, victim, mapping, registers):
                 dec.demotions.append(Demotion(DemotionKind.HELD_IN_REGISTERS, victim.name,
                                               used=used, budget=budget))
                 continue
@@ -69,14 +70,16 @@ REGISTER_ROW_ELEMENTS = 32
 memory): 32 of the 64 registers a thread of a 1024-thread block may use at full occupancy."""
 
 
-def hold(sch: s_tir.Schedule, dec: Decisions, staging: Staging, mapping: ThreadMapping
-         ) -> bool:
+def hold(sch: s_tir.Schedule, dec: Decisions, staging: Staging, mapping: ThreadMapping,
+         taken: int = 0) -> bool:
     """Hold the input ``staging`` in its threads' registers instead (``dec.held``), if every
     reader reads only its own elements and each thread holds at most
-    ``REGISTER_ROW_ELEMENTS`` of them (never for a row of symbolic length: a loop of
-    run-time extent holds nothing); whether it is held."""
+    ``REGISTER_ROW_ELEMENTS`` of them with the ``taken`` it already keeps (never for a row
+    of symbolic length: a loop of run-time extent holds nothing); whether it is held. A
+    column reduction's 30 partial sums per thread and a held input of 30 more spilled (fuzz
+    graph 1207:27)."""
     slots = _register_slots(staging, mapping, sch)
-    if not staging.own or slots > REGISTER_ROW_ELEMENTS or mapping.length_expr:
+    if not staging.own or slots + taken > REGISTER_ROW_ELEMENTS or mapping.length_expr:
         return False
     dec.held.append(replace(staging, note=f"{slots} element(s) of the row per thread"))
     return True

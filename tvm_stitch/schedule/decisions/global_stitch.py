@@ -139,7 +139,8 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
                                       after=sum(in_registers.values()), used=needed,
                                       budget=budget))
         accumulators = {}
-    mapping = fit_budget(sch, dec, mapping, budget - sum(accumulators.values()))
+    mapping = fit_budget(sch, dec, mapping, budget - sum(accumulators.values()),
+                         sum(in_registers.values()))
     vector = chosen_vector(row_vector(length, widest_element(sch, func)), choices)
     # As in a row group (a vector would not follow held registers), and only when every
     # thread gets a whole vector: the block's threads are sized for scalar accesses, and
