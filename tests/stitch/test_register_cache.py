@@ -91,3 +91,21 @@ def test_input_re_read_through_a_transpose_is_read_in_place() -> None:
     assert group.permuted_copies == ("T_transpose",) and not plan.fallbacks
     outcome = check_model(model, "stitch")
     assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+
+
+def test_rows_longer_than_nvcc_unrolls_hold_nothing_and_stitch() -> None:
+    # rows of a prime length (40949: no split into equal parts) on 1024 threads are 40 steps
+    # of one element: nvcc keeps such a loop rolled and loads again, so an input read by two
+    # loops holds no registers (occupancy.FULL_UNROLL_STEPS). Counted as 40 per thread
+    # against the cap of 32, the group fell back to TVM's kernel (a softmax: 2.0x the
+    # compulsory bytes, against 1.5x stitched online); no spills on sm_80 or sm_90
+    from tvm_stitch.workloads import micro
+
+    for model in (micro.softmax((8, 40949)), micro.layer_norm((8, 40949))):
+        _, plan = lower_stitch(model)
+        assert not plan.fallbacks, str(plan)
+        (group,) = plan.groups
+        assert (group.mapping.threads_per_row, group.mapping.row_length) == (1024, 40949)
+        outcome = check_model(model, "stitch", triage=False)
+        assert outcome.kind == "ok" and not outcome.violations, (outcome.error,
+                                                                 outcome.violations)

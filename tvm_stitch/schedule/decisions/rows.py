@@ -28,7 +28,7 @@ from ..mapping import (
     row_steps,
     row_vector,
 )
-from ..occupancy import cached_elements_cap
+from ..occupancy import FULL_UNROLL_STEPS, cached_elements_cap
 from ..rows import (
     BlockRows,
     RowAccess,
@@ -132,7 +132,8 @@ def register_cache(sch: s_tir.Schedule, func: tirx.PrimFunc, dec: Decisions,
     """The inputs that several blocks read from global memory at known places, and how many
     of their elements one thread then keeps in registers per row of its block: nvcc fully
     unrolls a thread's loops over its elements and holds an input it reads again from the
-    first read to the last (``occupancy.REGISTERS_PER_CACHED_ELEMENT``). An input that a row
+    first read to the last (``occupancy.REGISTERS_PER_CACHED_ELEMENT``), unless the loop has
+    more steps than nvcc unrolls (``occupancy.FULL_UNROLL_STEPS``). An input that a row
     block (``infos``) reads out of the row's order (through a transpose) counts twice: each
     of its elements also keeps an address of its own (fuzz case g1337 spilled at the cap)."""
     on_chip = {s.name for s in dec.staged} | {b.name for b in dec.block_shared}
@@ -144,7 +145,10 @@ def register_cache(sch: s_tir.Schedule, func: tirx.PrimFunc, dec: Decisions,
     if mapping.length_expr:  # a loop of run-time extent: nothing unrolled, nothing kept
         return [p.name for p in reread], 0
     vector = mapping.vector  # a thread's accesses are vectors of this many elements
-    per_thread = -(-mapping.row_length // (mapping.threads_per_row * vector)) * vector
+    steps = -(-mapping.row_length // (mapping.threads_per_row * vector))
+    if steps > FULL_UNROLL_STEPS:  # a rolled loop: nothing is held from one loop to the next
+        return [p.name for p in reread], 0
+    per_thread = steps * vector
     doubled = {p.name for p in reread if _read_out_of_order(sch, p, infos, mapping.rows)}
     return ([p.name + (" read out of order, counted twice" if p.name in doubled else "")
              for p in reread], per_thread * (len(reread) + len(doubled)))
