@@ -152,8 +152,8 @@ def _mapped(func: tirx.PrimFunc, group: Group) -> s_tir.Schedule:
         _map_row_walk(sch, mapping, done.block_caches, group.scalar_blocks)
         return sch
     _map_rows(sch, mapping, done.block_caches, group.scalar_blocks, group.vector_reads)
-    if mapping.rows_per_block > 1 and (
-            mapping.rows_expr or mapping.rows % mapping.rows_per_block):  # a guarded last block
+    if mapping.rows_per_block > 1 and (  # a guarded last block
+            mapping.rows_expr or mapping.rows % (mapping.rows_per_block * mapping.row_steps)):
         _index_rows_in_block(sch, mapping.rows_per_block, rows=mapping.rows)
     return hold_inputs(sch, group)
 

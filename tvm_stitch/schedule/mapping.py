@@ -107,17 +107,22 @@ def divisors(n: int) -> list[int]:
 
 
 def row_steps(mapping: ThreadMapping, wave: int, span: int | None = None,
-              whole_wave: bool = False) -> int:
+              whole_wave: bool = False, guarded: bool = False) -> int:
     """Groups of rows each block walks in sequence (vertical packing), a divisor of the
-    block's row groups so that no block is partial.
+    block's row groups so that no block is partial, unless ``guarded``.
 
     Without ``span``: the fewest steps that keep the grid within one ``wave`` of resident
-    blocks. With ``span`` (inputs read alike by runs of ``span`` rows, staged once per block):
+    blocks; ``guarded`` (the emitter guards a last block that walks fewer), whether or not
+    they divide the row groups, so the grid fills the wave (750000 rows of 32: 1303 blocks
+    of 36 steps, 0.99 waves, not 625 of 75, the least divisor that fits).
+    With ``span`` (inputs read alike by runs of ``span`` rows, staged once per block):
     the most steps that keep the rows of a block inside one run and at least half a wave of
     blocks (a whole one with ``whole_wave``; the blocks side by side on a row counted), so
     that the staged data is read as few times as the GPU's parallelism allows.
     """
     groups = mapping.rows // mapping.rows_per_block
+    if guarded and span is None:  # the last block walks fewer steps, guarded
+        return min(MAX_ROW_STEPS, -(-groups // wave))
     options = [d for d in divisors(groups) if d <= MAX_ROW_STEPS]
     if span is not None:
         least = wave if whole_wave else wave // 2

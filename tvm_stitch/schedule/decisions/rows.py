@@ -422,5 +422,5 @@ def _pack_vertically(dec: Decisions, mapping: ThreadMapping, gpu: GPU,
                                            f"shared by runs of {b.span} rows, one row per "
                                            "block: re-read (served by the L2 cache)"))
     if not dec.block_shared and chosen is None:
-        mapping = replace(mapping, row_steps=row_steps(mapping, wave))
+        mapping = replace(mapping, row_steps=row_steps(mapping, wave, guarded=True))
     return mapping
