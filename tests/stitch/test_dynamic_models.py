@@ -93,7 +93,7 @@ def test_index_computations_from_shapes_keep_their_symbolic_shapes() -> None:
     assert "range_len" not in text and 'R.Tensor((batch, seq, 64), dtype="float32")' in text
 
 
-@pytest.mark.parametrize("name", ["swin_block", "mlp_backward", "t5_block"])
+@pytest.mark.parametrize("name", ["swin_block", "t5_block"])
 def test_models_exported_with_static_shapes_only_say_why(name: str) -> None:
     with pytest.raises(ValueError, match="static shapes only"):
         models.spec(name, "ci", dynamic=True)
@@ -128,3 +128,22 @@ def test_reshapes_between_symbolic_shapes_read_the_own_row() -> None:
     assert not [f for f in plan.fallbacks if "other rows" in f.reason], str(plan)
     assert any(any("layer_norm" in op for op in g.ops) and any("reshape8" in op for op in g.ops)
                for g in plan.groups), str(plan)
+
+
+def test_a_training_graph_with_dynamic_axes_groups_as_the_static_one() -> None:
+    """The MLP blocks' backward traced with symbolic shapes: its reshapes between
+    ``(batch, seq, d)`` and ``(batch * seq, d)`` read the own row (``v // seq % batch`` is
+    ``v // seq``), the weight gradients' transposes of ``(batch * seq, d)`` (which take
+    ``batch`` and ``seq`` as shape parameters) are read through by their matmuls, and a flat
+    kernel's two readers of one row agree. 39 kernels before, 26 now (46 under TVM's
+    fusion); the static export takes 18."""
+    model, stitched = _compiled("mlp_backward", "stitch")
+    plan = StitchPlan.of_module(stitched)
+    assert not [f for f in plan.fallbacks if "other rows" in f.reason
+                or "TVM's fusion of the same ops" in f.reason], str(plan)
+    transposes = [c for c in plan.compute if c.reads_through and any(
+        "transpose" in op for op in c.reads_through)]
+    assert len(transposes) == 4, str(plan)
+    for dims in ({"batch": 1, "seq": 1}, {"batch": 2, "seq": 13}):
+        ours = verify.summarize(stitched, model, dims=dims)
+        assert ours["ok"] and ours["kernels"] <= 26, (dims, ours)

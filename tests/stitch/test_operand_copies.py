@@ -46,6 +46,25 @@ def test_copies_are_told_apart_by_what_they_do_to_the_innermost_axis(op, kind) -
     assert copy_kind(_legalized(op)) == kind
 
 
+def test_copies_of_symbolic_shape_are_told_apart_too() -> None:
+    """A transpose of a ``(batch * seq, 256)`` value takes ``batch`` and ``seq`` as shape
+    parameters (its input's shape does not define them) and a reshape from ``(batch, seq,
+    256)`` indexes through divisions by ``seq``: still a copy that moves the innermost axis,
+    and a view (a dynamic training graph's weight gradients read through both)."""
+    batch, seq = tvm.tirx.Var("batch", "int64"), tvm.tirx.Var("seq", "int64")
+    x = relax.Var("x", relax.TensorType((batch, seq, 256), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            rows = bb.emit(relax.op.reshape(x, (batch * seq, 256)))
+            out = bb.emit_output(relax.op.permute_dims(rows, [1, 0]))
+        bb.emit_func_output(out)
+    mod = relax.transform.LegalizeOps()(bb.get())
+    kinds = {gv.name_hint: copy_kind(f) for gv, f in mod.functions_items()
+             if gv.name_hint != "main"}
+    assert kinds == {"reshape": Copy.VIEW, "transpose": Copy.PERMUTED}, kinds
+
+
 def attention(batch: int, seq: int, heads: int, dim: int, dtype=np.float32) -> onnx.ModelProto:
     """Multi-head self-attention as exported from PyTorch: projections with bias, heads split
     by Reshape + Transpose, keys transposed for the scores, heads merged back."""

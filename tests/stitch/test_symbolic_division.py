@@ -39,11 +39,16 @@ CASES = [
     (tirx.floordiv(ROW, BATCH * SEQ), _c(0)),
     (tirx.floordiv(ROW * _c(64) + IK, SEQ * _c(64)), IB),
     (tirx.floordiv(IS, SEQ + _c(1)), _c(0)),
+    # a flat row index of (batch * seq, d) read as (batch, seq, d): the batch needs no wrap
+    (tirx.floormod(tirx.floordiv(ROW, SEQ), BATCH), IB),
+
     # j + 1 may reach seq: the next row
     (tirx.floordiv(ROW + _c(1), SEQ), None),
     (tirx.floormod(ROW + _c(1), SEQ), None),
     # i may reach seq
     (tirx.floormod(IB, SEQ), None),
+    # i // seq may reach batch
+    (tirx.floormod(tirx.floordiv(IB * _c(2), SEQ), BATCH), None),
 ]
 
 
@@ -74,3 +79,24 @@ def _value(expr: tvm.ir.PrimExpr, values: dict) -> int:
     out = Analyzer().simplify(bound)
     assert isinstance(out, tirx.IntImm), out
     return int(out.value)
+
+
+def test_a_flat_index_taken_apart_and_put_together_again_is_one_division() -> None:
+    """A flat kernel over (batch * seq * 64) elements that writes a (batch, seq, 64) output
+    reads a (batch * seq, 64) value at row ``f % (seq * 64) // 64 + f // (seq * 64) * seq``,
+    which is ``f // 64``: settled, two readers of the row agree (no register copy over a
+    ``min``/``max`` of both forms)."""
+    flat = tirx.Var("f", I64)
+    ana = Analyzer()
+    ana.bind(flat, tvm.ir.Range.from_min_extent(_c(0), BATCH * SEQ * _c(64)))
+    whole = SEQ * _c(64)
+    expr = tirx.floordiv(tirx.floormod(flat, whole), _c(64)) + tirx.floordiv(flat, whole) * SEQ
+    settled = SymbolicDivision(ana).settle(expr)
+    assert tvm_ffi.structural_equal(settled, tirx.floordiv(flat, _c(64))), settled
+    for seq, f in itertools.product((1, 3, 7), range(0, 3 * 7 * 64, 37)):
+        values = {SEQ: seq, flat: f}
+        assert _value(settled, values) == _value(expr, values), (seq, f)
+    # not a whole multiple: left as it is
+    odd = tirx.floordiv(tirx.floormod(flat, whole), _c(64)) + tirx.floordiv(flat, whole)
+    assert not tvm_ffi.structural_equal(SymbolicDivision(ana).settle(odd),
+                                        tirx.floordiv(flat, _c(64)))

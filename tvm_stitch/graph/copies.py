@@ -18,6 +18,7 @@ from tvm import s_tir, tirx
 from tvm.sym import Analyzer
 
 from ..symbolic import dim_value, shape_values
+from ..transform.symbolic_division import SymbolicDivision
 
 
 class Copy(StrEnum):
@@ -36,7 +37,10 @@ def copy_kind(func: tirx.PrimFunc) -> Copy | None:
     (a batch, a sequence length) are compared through their stand-ins and proved on with
     the real expressions."""
     params = [p for p in func.params if isinstance(p.ty, tirx.BufferType)]
-    if len(params) != 2 or len(func.params) != 2:
+    # Other parameters may only be shape values (a transpose of a (batch * seq, d) input
+    # takes batch and seq, which its input's shape does not define).
+    if len(params) != 2 or any(not str(p.ty.dtype).startswith("int")
+                               for p in func.params if p not in params):
         return None
     src, dst = params
     src_shape, dst_shape = list(src.shape), list(dst.shape)
@@ -62,7 +66,8 @@ def copy_kind(func: tirx.PrimFunc) -> Copy | None:
     ana = Analyzer()
     for iv in block.iter_vars:
         ana.bind(iv.var, tvm.ir.Range.from_min_extent(iv.dom.min, iv.dom.extent))
-    source = _flat(load.indices, src_shape)
+    settle = SymbolicDivision(ana).settle
+    source = _flat([settle(i) for i in load.indices], src_shape)
     if prod(src_dims) < prod(dst_dims):
         return Copy.REPEATED
     if prod(src_dims) > prod(dst_dims):

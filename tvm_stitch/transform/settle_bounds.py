@@ -17,6 +17,8 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.sym import Analyzer
 
+from .symbolic_division import SymbolicDivision
+
 
 def settle_bounds(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """``func`` with every ``min(a, b)`` and ``max(a, b)`` that the domains of its loops and
@@ -38,6 +40,7 @@ def settle_bounds(func: tirx.PrimFunc) -> tirx.PrimFunc:
             bind(iv.var, iv.dom)
 
     tvm_ffi.structural_walk(func, [(tirx.For, bind_loop), (s_tir.SBlock, bind_block)])
+    division = SymbolicDivision(ana)  # indices taken apart by symbolic extents
     changed: list[bool] = []
 
     def on_min(node: tirx.Min) -> tvm.ir.PrimExpr:
@@ -48,12 +51,13 @@ def settle_bounds(func: tirx.PrimFunc) -> tirx.PrimFunc:
 
     def _settled(node: tvm.ir.PrimExpr, a: tvm.ir.PrimExpr, b: tvm.ir.PrimExpr,
                  smaller: bool) -> tvm.ir.PrimExpr:
-        if ana.can_prove(a <= b if smaller else a >= b):
-            changed.append(True)
-            return a
-        if ana.can_prove(b <= a if smaller else b >= a):
-            changed.append(True)
-            return b
+        for x, y in ((a, b), (division.settle(a), division.settle(b))):
+            if ana.can_prove(x <= y if smaller else x >= y):
+                changed.append(True)
+                return a
+            if ana.can_prove(y <= x if smaller else y >= x):
+                changed.append(True)
+                return b
         return node
 
     settled = tvm_ffi.structural_map(func, [(tirx.Min, on_min), (tirx.Max, on_max)])

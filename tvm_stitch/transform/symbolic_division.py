@@ -56,6 +56,14 @@ def _without(factors: list[tvm.ir.PrimExpr], factor: tvm.ir.PrimExpr
     return None
 
 
+def _positive(divisor: tvm.ir.PrimExpr) -> bool:
+    """Whether ``divisor`` is positive wherever an index divides by it: a product of positive
+    constants and variables, which in an index are shape values and iterators (never
+    negative), and never zero where a division by them is evaluated."""
+    return all(isinstance(f, tvm.ir.Var) or (isinstance(f, tirx.IntImm) and int(f) > 0)
+               for f in _factors(divisor))
+
+
 class SymbolicDivision:
     """Settles ``//`` and ``%`` by symbolic divisors with ``analyzer``, which knows the
     domains of the iterators involved."""
@@ -87,6 +95,11 @@ class SymbolicDivision:
         """Whether the domains put ``expr`` in ``[0, divisor)``."""
         if self._within(expr, divisor):
             return True
+        if isinstance(expr, tirx.FloorDiv) and _positive(expr.b):
+            # a // d < c when a < c * d; the analyzer compares products in its domains'
+            # order only, so both orders are tried.
+            return self.ana.can_prove(expr.a >= 0) and (
+                self.below(expr.a, divisor * expr.b) or self.below(expr.a, expr.b * divisor))
         factors = _factors(divisor)
         if len(factors) < 2:
             return False
@@ -137,4 +150,30 @@ class SymbolicDivision:
 
         settled = tvm_ffi.structural_map(
             self.ana.simplify(expr), [(tirx.FloorDiv, on_div), (tirx.FloorMod, on_mod)])
-        return self.ana.simplify(settled)
+        return self.ana.simplify(self._recombined(self.ana.simplify(settled)))
+
+    def _recombined(self, expr: tvm.ir.PrimExpr) -> tvm.ir.PrimExpr:
+        """``expr`` with each pair of terms ``x % (a * c) // c + x // (a * c) * a`` (an index
+        taken apart by a symbolic extent and put together again: a flat kernel's reader of a
+        ``(batch, seq, d)`` output of a ``(batch * seq, d)`` value) replaced by ``x // c``."""
+        terms = _terms(expr)
+        if len(terms) < 2:
+            return expr
+        for i, low in enumerate(terms):
+            if not (isinstance(low, tirx.FloorDiv) and isinstance(low.a, tirx.FloorMod)
+                    and _positive(low.a.b) and _positive(low.b)):
+                continue
+            x, whole, c = low.a.a, low.a.b, low.b
+            for j, high in enumerate(terms):
+                factors = _factors(high)
+                quotient = next((f for f in factors if isinstance(f, tirx.FloorDiv)
+                                 and tvm_ffi.structural_equal(f.a, x)
+                                 and tvm_ffi.structural_equal(f.b, whole)), None)
+                if j == i or quotient is None:
+                    continue
+                rest = [f for f in factors if f is not quotient]
+                if self.ana.can_prove_equal(_product(rest, str(expr.ty.dtype)) * c, whole):
+                    kept = [t for k, t in enumerate(terms) if k not in (i, j)]
+                    return self._recombined(_sum([tirx.floordiv(x, c), *kept],
+                                                 str(expr.ty.dtype)))
+        return expr

@@ -54,7 +54,6 @@ INSTALL_HINT = (
 
 STATIC_ONLY = {
     "swin": "its window shapes fold to constants only with static inputs",
-    "mlp_backward": "its backward graph is traced at one shape (make_fx)",
     "t5": "with a run-time sequence its relative-position buckets are computed at run time, "
           "int(log(distance / 8) / log(16) * 8), which is exactly 2 at distance 16: a log one "
           "unit in the last place low (OpenCL allows 3, PoCL's log(2) is one low; CUDA's "
@@ -188,8 +187,8 @@ def _vision(arch: str, layers: int, batch: int, image: int, patch: int, width: i
 
 
 def _mlp_backward(layers: int, batch: int, seq: int, hidden: int, ffn: int) -> ExportSpec:
-    inputs = (TensorSpec("x", (batch, seq, hidden), "float32"),
-              TensorSpec("dy", (batch, seq, hidden), "float32"))
+    inputs = (TensorSpec("x", (batch, seq, hidden), "float32", axes=("batch", "seq", "")),
+              TensorSpec("dy", (batch, seq, hidden), "float32", axes=("batch", "seq", "")))
     summary = f"{layers} layers, batch {batch} x seq {seq}, hidden {hidden}, ffn {ffn}"
     return ExportSpec("mlp_backward", dict(hidden=hidden, ffn=ffn, layers=layers), inputs,
                       "dx", summary)
@@ -392,6 +391,8 @@ def _torch_export(module: Any, example: tuple[Any, ...], spec: ExportSpec) -> on
         if spec.dynamo:
             dims = {a: torch.export.Dim(a) for t in axes for a in t.values()}
             shapes = tuple({i: dims[a] for i, a in t.items()} or None for t in axes)
+            if getattr(module, "packs_inputs", False):
+                shapes = (shapes,)
             program = torch.onnx.export(module, example, None, dynamo=True, verbose=False,
                                         opset_version=spec.opset, external_data=False,
                                         dynamic_shapes=shapes if spec.dynamic else None,
@@ -443,7 +444,8 @@ def export_model(name: str, size: str, path: Path | None = None,
     example = tuple(
         torch.from_numpy(t.dist.sample(rng, t.shape, np.dtype(t.dtype))) for t in export.inputs
     )
-    model = _torch_export(torch_modules.exportable(module, example), example, export)
+    model = _torch_export(torch_modules.exportable(module, example, export.dynamic), example,
+                          export)
     if export.fold:
         model = _fold_shapes(model)
     set_input_dists(model, {t.name: t.dist for t in export.inputs})

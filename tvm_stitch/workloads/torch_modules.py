@@ -89,6 +89,10 @@ class Gradients(nn.Module):
 
 
 class _Traced(nn.Module):
+    packs_inputs = True
+    """Its inputs arrive as one tuple (``*inputs``): torch.export's ``dynamic_shapes`` must
+    nest theirs in one."""
+
     def __init__(self, graph: nn.Module, output_names: list[str]) -> None:
         super().__init__()
         self.traced = graph
@@ -98,14 +102,19 @@ class _Traced(nn.Module):
         return tuple(self.traced(*inputs))
 
 
-def exportable(module: nn.Module, example: tuple[torch.Tensor, ...]) -> nn.Module:
+def exportable(module: nn.Module, example: tuple[torch.Tensor, ...],
+               dynamic: bool = False) -> nn.Module:
     """``module`` in a form torch's ONNX exporter takes: a Gradients module traced into plain
-    aten ops first (make_fx), since the exporter cannot export ``torch.autograd.grad``."""
+    aten ops first (make_fx), since the exporter cannot export ``torch.autograd.grad``; with
+    ``dynamic``, traced with symbolic shapes, so that the graph holds for every batch and
+    sequence length (its parameters stay real tensors, as constants of the graph)."""
     if not isinstance(module, Gradients):
         return module
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    return _Traced(make_fx(module)(*example), module.output_names)
+    tracer = make_fx(module, tracing_mode="symbolic", _allow_non_fake_inputs=True) \
+        if dynamic else make_fx(module)
+    return _Traced(tracer(*example), module.output_names)
 
 
 def _mlp(widths: Sequence[int], activation: type[nn.Module]) -> nn.Sequential:
