@@ -194,6 +194,11 @@ class ThreadMapping:
     chosen for (a declared upper bound, or ``SYMBOLIC_ROW_LENGTH``). ``length_bound`` is that
     declared bound of the symbolic length (0: none declared): the group's kernel stages its
     rows on chip sized for it, and checks the real length at run time (``Group.beyond_bound``).
+    ``row_tiles`` is set for a Global group of a symbolic row count: its row phases take
+    that many row tiles (a persistent grid is one wave, whatever the rows), each walking
+    ``max(ceil(rows / row_tiles), row_steps)`` rows at run time (at least ``row_steps``, so
+    that few rows leave few tiles of partial sums), past the last row guarded, and a tile
+    past the rows doing nothing.
     """
 
     kind: MappingKind
@@ -207,6 +212,13 @@ class ThreadMapping:
     length_expr: str = ""
     mapped_length: int = 0
     length_bound: int = 0
+    row_tiles: int = 0
+
+    @property
+    def tiles(self) -> int:
+        """Row tiles of a Global group's row phases: ``row_tiles``, else the rows over the
+        steps each tile walks."""
+        return self.row_tiles or self.rows // self.row_steps
 
     @property
     def threads_per_block(self) -> int:
@@ -236,13 +248,17 @@ class ThreadMapping:
 
     def __str__(self) -> str:
         rows = f"{self.rows_expr} (symbolic)" if self.rows_expr else str(self.rows)
-        blocks = (f"ceil({self.rows_expr} / {self.rows_per_grid_block}) blocks at run time"
+        blocks = (f"{self.row_tiles} blocks" if self.row_tiles
+                  else f"ceil({self.rows_expr} / {self.rows_per_grid_block}) blocks at run time"
                   if self.rows_expr else f"{self.blocks} blocks")
         vector = f", {self.vector} elements per access" if self.vector > 1 else ""
         if self.kind is MappingKind.FLAT:
             return (f"flat: {rows} elements, {self.rows_per_block} threads per block"
                     f"{vector}, {blocks}")
         steps = f", {self.row_steps} rows in sequence" if self.row_steps > 1 else ""
+        if self.row_tiles:
+            steps = f", {self.row_tiles} row tiles of max(ceil({self.rows_expr} / " \
+                    f"{self.row_tiles}), {self.row_steps}) rows in sequence"
         if self.column_blocks > 1:
             steps += f", {self.column_blocks} blocks per row"
         bound = f"at most {self.length_bound} declared, " if self.length_bound else ""

@@ -1,8 +1,9 @@
 """Zoo models exported with dynamic batch and sequence axes (torch ``dynamic_shapes``): each
 compiles once per flow and serves every size tried (one token, a prime length, the ci size),
 matching onnxruntime, with no more stitched kernels or global bytes than TVM's fusion at any
-of them. No reduction over the symbolic sequence is left to TVM: the attention softmax, and
-DIEN's attention pooling (a sum over the sequence, a middle axis), are stitched."""
+of them. No reduction over the symbolic sequence is left to TVM: the attention softmax,
+DIEN's attention pooling (a sum over the sequence, a middle axis), and the training graph's
+bias and LayerNorm-weight gradients (column sums over ``batch * seq`` rows) are stitched."""
 
 from __future__ import annotations
 
@@ -25,8 +26,9 @@ SIZES = {
     "convnext_block": [{"batch": 1}, {"batch": 3}],
     "gpt2_block": [{"batch": 1, "seq": 1}, {"batch": 2, "seq": 13}, {"batch": 2, "seq": 32}],
     "llama_block": [{"batch": 1, "seq": 1}, {"batch": 2, "seq": 13}, {"batch": 2, "seq": 32}],
+    "mlp_backward": [{"batch": 1, "seq": 1}, {"batch": 2, "seq": 13}, {"batch": 2, "seq": 32}],
 }
-DEFAULT = ("bert_layer", "gpt2_block")
+DEFAULT = ("bert_layer", "gpt2_block", "mlp_backward")
 """Run by default; the others are slow."""
 
 
@@ -101,8 +103,11 @@ def test_models_exported_with_static_shapes_only_say_why(name: str) -> None:
 
 @pytest.mark.nvcc
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_the_kernels_compile_without_spills_or_stack(arch: str) -> None:
-    report = compile_cuda(module_cuda_source(_compiled("gpt2_block", "stitch")[1], arch), arch)
+@pytest.mark.parametrize("name", ["gpt2_block", "mlp_backward"])
+def test_the_kernels_compile_without_spills_or_stack(name: str, arch: str) -> None:
+    """The whole module builds (Relax calls included: a Global kernel takes the shape values
+    as 32-bit scalars, its callers pass 64-bit ones)."""
+    report = compile_cuda(module_cuda_source(_compiled(name, "stitch")[1], arch), arch)
     found = spills(report)
     assert found and all(s == (0, 0) for s in found), report
     assert set(stack_frames(report)) == {0}, report
@@ -130,20 +135,25 @@ def test_reshapes_between_symbolic_shapes_read_the_own_row() -> None:
                for g in plan.groups), str(plan)
 
 
-def test_a_training_graph_with_dynamic_axes_groups_as_the_static_one() -> None:
+def test_a_training_graph_with_dynamic_axes_is_stitched_as_the_static_one() -> None:
     """The MLP blocks' backward traced with symbolic shapes: its reshapes between
     ``(batch, seq, d)`` and ``(batch * seq, d)`` read the own row (``v // seq % batch`` is
     ``v // seq``), the weight gradients' transposes of ``(batch * seq, d)`` (which take
-    ``batch`` and ``seq`` as shape parameters) are read through by their matmuls, and a flat
-    kernel's two readers of one row agree. 39 kernels before, 26 now (46 under TVM's
-    fusion); the static export takes 18."""
+    ``batch`` and ``seq`` as shape parameters) are read through by their matmuls, a flat
+    kernel's two readers of one row agree, and the bias and LayerNorm-weight gradients,
+    column sums over ``batch * seq`` rows, are Global groups of run-time row tiles. As many
+    kernels as the static export's (18; 39 before, 46 under TVM's fusion), and at its size
+    fewer bytes (3.86 MB against 3.89 MB; TVM's fusion 5.10 MB)."""
     model, stitched = _compiled("mlp_backward", "stitch")
     plan = StitchPlan.of_module(stitched)
     assert not [f for f in plan.fallbacks if "other rows" in f.reason
                 or "TVM's fusion of the same ops" in f.reason], str(plan)
-    transposes = [c for c in plan.compute if c.reads_through and any(
-        "transpose" in op for op in c.reads_through)]
+    transposes = [c for c in plan.compute if any("transpose" in op for op in c.reads_through)]
     assert len(transposes) == 4, str(plan)
-    for dims in ({"batch": 1, "seq": 1}, {"batch": 2, "seq": 13}):
-        ours = verify.summarize(stitched, model, dims=dims)
-        assert ours["ok"] and ours["kernels"] <= 26, (dims, ours)
+    assert len([g for g in plan.groups if g.mapping.row_tiles]) == 5, str(plan)
+    static = models.load_model("mlp_backward", "ci")
+    fixed = verify.summarize(pipeline.lower(import_model(static), cuda_target(), "stitch"),
+                             static)
+    ours = verify.summarize(stitched, model, dims={"batch": 2, "seq": 32})
+    assert ours["ok"] and ours["kernels"] == fixed["kernels"], (ours, fixed)
+    assert ours["global_bytes"] <= fixed["global_bytes"], (ours, fixed)

@@ -19,7 +19,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 
 from ..lowering import scalar_dtype
-from ..symbolic import dim_value, is_symbolic, shape_values
+from ..symbolic import dim_value, shape_values
 from .copies import Copy, copy_kind
 
 # TVM's OpPatternKind values, as AnnotateTIROpPattern writes them into "op_pattern".
@@ -150,17 +150,13 @@ def classify(func: tirx.PrimFunc, num_outputs: int = 1) -> OpInfo:
         if reused:
             return OpInfo(OpKind.COMPUTE, **{**base, "detail": f"block {b.name} re-uses {reused}"})
     not_rows = [why for why in map(_not_row_reduction, reductions) if why]
-    lengths = [prod(b.extents[v] for v in b.reduce) for b in reductions]
-    if not_rows and any(map(is_symbolic, lengths)):
-        return OpInfo(OpKind.COLUMN_REDUCE, **{**base, "detail": "symbolic reduction length"},
-                      unsupported="symbolic reduction length of a reduction that is not over "
-                                  "rows: only row reductions walk a run-time length")
     if not_rows:
         return _column_reduction(reductions, base, not_rows[0])
     rows = {prod(b.extents[v] for v in b.spatial) for b in reductions}
     if len(rows) != 1:
         return OpInfo(OpKind.ROW_REDUCE, **{**base, "detail": "different row counts"},
                       unsupported="its reductions use different row counts")
+    lengths = [prod(b.extents[v] for v in b.reduce) for b in reductions]
     return OpInfo(OpKind.ROW_REDUCE, **base, rows=rows.pop(), row_length=max(lengths))
 
 

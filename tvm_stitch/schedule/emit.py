@@ -41,6 +41,11 @@ from ..plan import (
     ThreadMapping,
 )
 from ..symbolic import dim_value, is_symbolic
+from ..transform.guarded_updates import (
+    guards_in_updates,
+    on_chip_writes_unconditional,
+    tiles_with_rows,
+)
 from ..transform.online_softmax import with_online_softmax
 from ..transform.settle_bounds import settle_bounds
 from .blocks import (
@@ -179,6 +184,7 @@ class Rewritten:
     tile_caches: dict[int, list[SBlockRV]] = field(default_factory=dict)
     row_caches: dict[int, list[SBlockRV]] = field(default_factory=dict)
     kept: frozenset[str] = frozenset()
+    row_count: tvm.ir.PrimExpr | None = None  # of run-time row tiles (``row_tiles``)
 
     def vectorisable(self) -> list[SBlockRV]:
         """The blocks whose accesses the mapping may take in vectors: every block of a row
@@ -549,7 +555,9 @@ def _rewritten_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group) ->
     done = Rewritten(sch, block_caches, kept=frozenset(kept))
     for name in columns:
         row, _ = sch.get_loops(sch.get_sblock(name))
-        tile, _ = sch.split(row, [mapping.rows // mapping.row_steps, mapping.row_steps])
+        done.row_count = sch.get(row).extent
+        tile, _ = sch.split(row, [mapping.tiles, None if mapping.row_tiles
+                                  else mapping.row_steps])
         accumulate = sch.rfactor(tile, 0)
         _flatten_partials(sch, accumulate)
         write_out = sch.cache_write(accumulate, 0, SCOPES[sums[name].level])
@@ -557,6 +565,9 @@ def _rewritten_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group) ->
         if sums[name].level is StorageLevel.REGISTER:
             done.held[name_of(sch, accumulate)] = sums[name].registers
     done.phase_of = _phase_of_blocks(sch, group.phases, done.partials)
+    if mapping.row_tiles:  # run-time tiles: the partial sums' last rows are guarded
+        sch = s_tir.Schedule(guards_in_updates(sch.mod["main"],
+                                               {a for a, _ in done.partials.values()}))
     done.sch = sch = _reorder_by_phase(sch, done.phase_of,
                                        {w for _, w in done.partials.values()})
     for index, phase in enumerate(group.phases):
@@ -596,9 +607,15 @@ def _map_global(done: Rewritten, group: Group) -> s_tir.Schedule:
                               [n for n in phase.blocks if n not in phase.combines],
                               {b.block for b in group.buffers if b.role is BufferRole.SUM
                                and b.level is StorageLevel.REGISTER})
-    if mapping.row_steps > 1:
+    if mapping.row_steps > 1 or mapping.row_tiles:
         _index_rows_in_block(sch, mapping.rows_per_block, _row_buffers(group))
-    return hold_inputs(sch, group)
+    sch = hold_inputs(sch, group)
+    if mapping.row_tiles:
+        per_tile = {name_of(sch, c) for caches in done.tile_caches.values() for c in caches}
+        sch = s_tir.Schedule(on_chip_writes_unconditional(tiles_with_rows(
+            sch.mod["main"], {w for _, w in done.partials.values()}, set(done.partials),
+            per_tile, done.row_count, mapping.row_tiles, mapping.row_steps), done.row_count))
+    return sch
 
 
 def _row_buffers(group: Group) -> frozenset[str]:
@@ -745,7 +762,9 @@ def _map_row_phase(sch: s_tir.Schedule, mapping: ThreadMapping, names: set[str],
             steps.append(step)
             continue
         row, elem = _two_loops(sch, block)
-        outer, step, row_in_block = sch.split(row, [None, mapping.row_steps, 1])
+        outer, step, row_in_block = sch.split(
+            row, [mapping.row_tiles, None, 1] if mapping.row_tiles
+            else [None, mapping.row_steps, 1])
         heads.append(outer)
         steps.append(step)
         bindings.append((row_in_block, _element_loop(sch, block, elem, mapping, scalar)))

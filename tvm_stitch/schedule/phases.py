@@ -132,8 +132,8 @@ def normalise_column(sch: s_tir.Schedule, block: SBlockRV) -> None:
     col_pos = [p for p, i in enumerate(iters) if i.kind == "S"]
     if [i.kind for i in iters] == ["R", "S"]:
         return
-    index_map = row_element_map(row_pos, [iters[p].extent for p in row_pos],
-                                col_pos, [iters[p].extent for p in col_pos])
+    index_map = row_element_map(row_pos, [iters[p].size for p in row_pos],
+                                col_pos, [iters[p].size for p in col_pos])
     dtype = str(iters[0].var.ty.dtype)
     sch.transform_block_layout(
         block, tirx.IndexMap.from_func(index_map, ndim=len(iters), index_dtype=dtype))
@@ -234,9 +234,9 @@ def _at_own_column(sch: s_tir.Schedule, block: SBlockRV, region: tvm.ir.TensorRe
     if None in shape or not spatial:
         return False
     ana = Analyzer()
-    for it in iters_of(sch, block):
-        ana.bind(it.var, tvm.ir.Range(tirx.IntImm(it.var.ty.dtype, 0),
-                                      tirx.IntImm(it.var.ty.dtype, it.extent)))
+    for it in iters_of(sch, block):  # a row iterator's extent may be symbolic
+        ana.bind(it.var, tvm.ir.Range.from_min_extent(tirx.IntImm(it.var.ty.dtype, 0),
+                                                      it.size))
     if not all(ana.can_prove_equal(r.extent, 1) for r in region.region):
         return False
     dims = [r.min for r in region.region]

@@ -54,7 +54,9 @@ class _ExtendCalls(relax.PyExprMutator):
         (out_ty,) = call.ty_args
         outs = list(out_ty.fields) if isinstance(out_ty, tvm.ir.TupleType) else [out_ty]
         everything = tvm.ir.TupleType(outs + [_tensor_type(w) for w in self.workspaces])
-        extended = relax.Call(call.op, [self.new, relax.Tuple(args)], call.attrs, [everything])
+        # the shape values a kernel of symbolic shape takes as scalars (``tir_vars``) stay
+        extended = relax.Call(call.op, [self.new, relax.Tuple(args), *call.args[2:]],
+                              call.attrs, [everything])
         packed = self.builder_.emit(extended, name_hint=f"{binding.var.name}_all")
         if isinstance(out_ty, tvm.ir.TupleType):
             value = relax.Tuple([relax.TupleGetItem(packed, i) for i in range(len(outs))])
@@ -65,6 +67,15 @@ class _ExtendCalls(relax.PyExprMutator):
         else:
             new = self.builder_.emit_output(value, name_hint=binding.var.name)
         self.set_var_remap(binding.var, new)
+
+
+def _signature(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` as its callers see it, to type its new GlobalVar: shape values are 64-bit in
+    Relax, and a kernel that narrowed its indices takes them as 32-bit scalars (TVM converts
+    them at the call; the Relax call is checked against the signature)."""
+    params = [tvm.ir.Var(p.name, "int64") if not isinstance(p.ty, tirx.BufferType)
+              and str(p.ty.dtype) == "int32" else p for p in func.params]
+    return tirx.PrimFunc(params, func.body, func.ret_type, func.attrs)
 
 
 def extend_calls(mod: IRModule, name: str, state: tirx.Buffer | None,
@@ -78,7 +89,7 @@ def extend_calls(mod: IRModule, name: str, state: tirx.Buffer | None,
     if state is None and not workspaces:
         return mod
     old = mod.get_global_var(name)
-    new = relax.BlockBuilder().add_func(mod[old], name)  # typed from the new signature
+    new = relax.BlockBuilder().add_func(_signature(mod[old]), name)
     functions = {(new if gv.same_as(old) else gv): f for gv, f in mod.functions_items()}
     rebuilt = IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)
     mutator = _ExtendCalls(rebuilt, old, new, state, workspaces)

@@ -21,7 +21,7 @@ from ...plan import (
     StorageLevel,
     ThreadMapping,
 )
-from ...symbolic import is_symbolic
+from ...symbolic import is_symbolic, symbolic_extent
 from ...target import WARP_SIZE
 from ..blocks import (
     SHARED,
@@ -75,7 +75,7 @@ from .state import (
     widest_element,
     writes_param,
 )
-from .tiles import choose_tiles, column_tile_options, fewest_tiles
+from .tiles import MIN_TILE_ROWS, choose_tiles, column_tile_options, fewest_tiles
 
 
 def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: int,
@@ -96,10 +96,10 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
     """
     check_applicable(group.choices, GLOBAL_CHOICES - ({"threads_per_row"} if threads else set()),
                      "a split row" if split > 1 else "a Global")
-    if is_symbolic(rows):
-        raise Unstitchable("symbolic row count: Global stitching needs a persistent grid "
-                           "capped at one wave, and the rows per block that needs are only "
-                           "known at run time")
+    symbolic = is_symbolic(rows)
+    if symbolic and split > 1:
+        raise Unstitchable("symbolic row count: rows split over blocks are few and long, "
+                           "never of a run-time count")
     for name in column_reductions(sch, rows):
         normalise_column(sch, sch.get_sblock(name))
     roles = assign_roles(sch, rows)
@@ -126,7 +126,8 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
                                         .threads_per_row, choices.threads_per_row, max_threads,
                                         "threads per row")
     mapping = ThreadMapping(MappingKind.BLOCK_PER_ROW, rows, length, 1,
-                            max(per_row, WARP_SIZE))
+                            max(per_row, WARP_SIZE),
+                            rows_expr=_rows_expr(columns) if symbolic else "")
     _keep_partials_global(sch, roles, dec)
     accumulators = {name: roles.columns[name] * bytes_of(sch.get(sch.get_sblock(name)).writes[0]
                                                           .source)
@@ -151,7 +152,7 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
     # An input staged once per block covers the block's whole rows, not a tile of its columns
     # (tiling columns then read the staged copy at the wrong columns).
     # Nor do registers, which hold a thread's columns of every row of its tile.
-    options = chosen_column_tiles([] if dec.block_shared or in_registers
+    options = chosen_column_tiles([] if dec.block_shared or in_registers or symbolic
                                   else column_tile_options(roles, mapping.threads_per_block),
                                   choices)
     most = max(options, default=1)
@@ -163,8 +164,9 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
     shared = shared_bytes_of(dec, mapping) + sum(accumulators.values()) \
         + sum(b.shared_bytes for b in staged)
     launch = launch_of(gpu, mapping.threads_per_block, shared)
-    tiles, column_tiles = choose_tiles(options, roles, rows, mapping.threads_per_block, launch.wave,
-                                       rows * length)
+    # A run-time row count takes a wave of row tiles, each walking its share of the rows.
+    tiles, column_tiles = (launch.wave, 1) if symbolic else choose_tiles(
+        options, roles, rows, mapping.threads_per_block, launch.wave, rows * length)
     reread, per_row = register_cache(sch, func, dec, mapping, infos)
     sums = sum(in_registers.values())  # held for the whole tile, as the row walk's elements
     cap = cached_elements_cap(launch)
@@ -178,7 +180,9 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
         raise Unstitchable(f"each thread would keep {per_row} elements of the inputs it "
                            f"re-reads ({', '.join(reread)}) in registers per row, more than "
                            f"{cap_text(launch)}")
-    if rows // tiles * per_row + sums > cap:
+    # A tile walks its rows in a loop that nvcc unrolls when it is short and static, and then
+    # holds every row's re-read elements; a run-time walk holds one row's.
+    if not symbolic and rows // tiles * per_row + sums > cap:
         held = f"{', '.join(reread)}: {rows // tiles * per_row} elements"
         held += f", and {sums} partial sums" if sums else ""
         capped = fewest_tiles(rows, (cap - sums) // per_row)
@@ -196,13 +200,16 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
                 DemotionKind.ROW_TILES_KEPT, before=tiles, after=capped,
                 detail=f"tiles within the register cap ({held} > {cap_text(launch)}) would "
                        f"take {capped} tiles, more than one wave of {launch.wave} blocks"))
-    mapping = replace(mapping, row_steps=rows // tiles)
+    mapping = replace(mapping, row_tiles=tiles, row_steps=MIN_TILE_ROWS) if symbolic \
+        else replace(mapping, row_steps=rows // tiles)
     for b in list(dec.block_shared):
-        if b.span % mapping.row_steps:
+        # a run-time tile may start anywhere: only what every row reads alike serves it
+        if (b.span != rows) if symbolic else b.span % mapping.row_steps:
             dec.block_shared.remove(b)
             dec.global_reads.append(Buffer(b.name, BufferRole.INPUT, StorageLevel.GLOBAL, 0,
                                            f"shared by runs of {b.span} rows, not by the "
-                                           f"{mapping.row_steps} rows of a tile"))
+                                           + ("rows of a run-time tile" if symbolic else
+                                              f"{mapping.row_steps} rows of a tile")))
     phases = _phases(roles, tiles, mapping.threads_per_block, column_tiles,
                      {b.block for b in staged})
     if split > 1:
@@ -436,3 +443,9 @@ def _phases(roles: Roles, tiles: int, threads: int, column_tiles: int,
             combines = tuple(n for n in names if n in roles.combines)
             phases.append(Phase(PhaseKind.COLUMNS, names, -(-width // threads), combines=combines))
     return tuple(phases)
+
+
+def _rows_expr(columns: dict[str, BlockRows]) -> str:
+    """The run-time row count of a Global group, from its column reductions' row iterator."""
+    view = next(iter(columns.values()))
+    return symbolic_extent([i.size for i in view.row_iters])
