@@ -108,8 +108,9 @@ def test_symbolic_shapes_stitch_or_fall_back_and_run(shape: list, axis: int, sti
                                                      flow: str) -> None:
     """A symbolic row count stitches (its grid is computed at run time), and so does a
     symbolic row length (the row walked at run time); a symbolic length reduced over the
-    first axis (a column reduction) falls back to TVM with the reason in the plan. All run
-    right."""
+    first axis (a column reduction) whose 40 column sums a block of 32 threads would sum in
+    place over a wave of run-time tiles falls back to TVM with the reason in the plan. All
+    run right."""
     model = make_model([helper.make_node("Softmax", ["x"], ["y"], axis=axis)],
                        {"x": (shape, F32)}, {"y": (shape, F32)})
     scheduled = verify.compile_model(model, flow)

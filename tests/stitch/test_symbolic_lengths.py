@@ -158,10 +158,27 @@ def test_a_sum_over_a_symbolic_middle_axis_is_a_stitched_row_reduction(case: str
     _serves_every_size(case, MIDDLE_AXIS[case][1])
 
 
-def test_a_column_reduction_over_a_symbolic_length_falls_back() -> None:
+def test_a_column_reduction_over_a_symbolic_length_is_global_on_run_time_tiles() -> None:
+    """A column mean over a run-time batch, subtracted from every row: the mean's partial
+    sums per row tile of at least 8 rows, a grid barrier, the rows again; right from one row
+    to more than a wave of tiles of 8 (4224 x 8 = 33792 rows)."""
     model = named_dims(patterns.column_mean_center(16, 64)[0], {0: "batch"})
+    scheduled, plan = lower_stitch(model)
+    assert not plan.fallbacks, str(plan)
+    (group,) = plan.groups
+    assert group.mapping.rows_expr == "batch" and group.mapping.row_tiles, str(plan)
+    for batch in (1, 17, 40000):
+        assert verify.summarize(scheduled, model, dims={"batch": batch})["ok"], batch
+
+
+def test_a_column_phase_that_would_sum_a_wave_in_place_falls_back() -> None:
+    """Column sums that cannot each be one thread's register (4 columns, a block of 32
+    threads) would be summed in place in global memory over a wave of run-time tiles: the
+    group falls back, saying so."""
+    model = named_dims(patterns.column_mean_center(16, 4)[0], {0: "batch"})
     _, plan = lower_stitch(model)
-    assert any("symbolic reduction length" in f.reason for f in plan.fallbacks), str(plan)
+    assert any("symbolic row count" in f.reason and "in place" in f.reason
+               for f in plan.fallbacks), str(plan)
 
 
 @pytest.mark.nvcc

@@ -234,9 +234,14 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
         else Buffer(name, BufferRole.ACCUMULATOR, StorageLevel.SHARED, accumulators[name],
                     "partial sum of the block's row tile", name)
         for name in (*accumulators, *in_registers))
+    sums = _column_sums(sch, phases, mapping.threads_per_block)
+    if symbolic and any(b.level is StorageLevel.GLOBAL for b in sums):
+        raise Unstitchable(f"symbolic row count: its column phase would sum a wave of "
+                           f"{tiles} partial sums per column in place in global memory (not "
+                           f"one axis of whole threads of {mapping.threads_per_block})")
     return replace(group, mapping=mapping, inlined=tuple(dec.inlined),
                    buffers=plan_buffers(dec, mapping, reused) + accumulated + partials + staged
-                   + _column_sums(sch, phases, mapping.threads_per_block),
+                   + sums,
                    shared_bytes=shared, shared_budget=budget,
                    demotions=tuple(dec.demotions), launch=replace(launch, grid=grid),
                    phases=phases)
