@@ -1,15 +1,20 @@
-"""A reduction block's predicate moved into its update, where a new schedule still sees the
-block as a reduction.
+"""The guards of a Global group's run-time row tiles, in the forms TVM schedules and lowers.
 
 A Global group of a run-time row count splits each column reduction's rows into a wave of
-row tiles of ``ceil(rows / tiles)`` rows, the rows past the end guarded by the block's
-predicate (``tile * steps + step < rows``). TVM proves such a predicated block affine in the
-schedule that split it, but a schedule built afresh from the function (the phases are
-reordered that way) tries to fit the predicate into an iterator map, which a symbolic step
-count defeats: the block is then neither complete nor a reduction, and no loop above it can
-be bound to the grid. Here the predicate becomes part of the update, ``acc = p ? acc + x :
-acc`` (TVM's ``if_then_else`` evaluates only the branch taken, so no row past the end is
-read): the same values, and a block with no predicate.
+row tiles of ``max(ceil(rows / tiles), min_steps)`` rows, the rows past the end guarded by
+the blocks' predicates (``tile * steps + step < rows``), the tiles past them idle
+(``tiles_with_rows``). Two TVM constraints decide where those guards may stand:
+
+- TVM proves a predicated block affine in the schedule that split it, but a schedule built
+  afresh from the function (the phases are reordered that way) tries to fit the predicate
+  into an iterator map, which a symbolic step count defeats: a reduction block is then
+  neither complete nor a reduction, and no loop above it can be bound to the grid. Its
+  predicate becomes part of its update, ``acc = p ? acc + x : acc`` (``guards_in_updates``).
+- TVM lowers a predicate to an ``if`` around the block and cannot put a barrier inside one,
+  so a block that stages a guarded row on chip stores ``p ? value : 0`` instead
+  (``on_chip_writes_unconditional``).
+
+TVM's ``if_then_else`` evaluates only the branch taken: no row past the end is read.
 """
 
 from __future__ import annotations
@@ -27,8 +32,7 @@ def guards_in_updates(func: tirx.PrimFunc, names: set[str]) -> tirx.PrimFunc:
     def on_realize(realize: s_tir.stmt.SBlockRealize) -> s_tir.stmt.SBlockRealize:
         block = realize.block
         predicate = realize.predicate
-        if block.name_hint not in names or block.init is None \
-                or (isinstance(predicate, tirx.IntImm) and int(predicate) == 1):
+        if block.name_hint not in names or block.init is None or _always(predicate):
             return realize
         store = block.body
         assert isinstance(store, tirx.BufferStore), (block.name_hint, type(store))
@@ -48,6 +52,10 @@ def guards_in_updates(func: tirx.PrimFunc, names: set[str]) -> tirx.PrimFunc:
     return tvm_ffi.structural_map(func, [(s_tir.stmt.SBlockRealize, on_realize)])
 
 
+def _always(predicate: tvm.ir.PrimExpr) -> bool:
+    return isinstance(predicate, tirx.IntImm) and int(predicate) == 1
+
+
 def _with_body(block: s_tir.stmt.SBlock, body: tirx.Stmt) -> s_tir.stmt.SBlock:
     return s_tir.stmt.SBlock(block.iter_vars, block.reads, block.writes, block.name_hint, body,
                              block.init, block.alloc_buffers, block.match_buffers,
@@ -57,14 +65,14 @@ def _with_body(block: s_tir.stmt.SBlock, body: tirx.Stmt) -> s_tir.stmt.SBlock:
 def tiles_with_rows(func: tirx.PrimFunc, write_outs: set[str], combines: set[str],
                     per_tile: set[str], rows: tvm.ir.PrimExpr, tiles: int,
                     min_steps: int) -> tirx.PrimFunc:
-    """``func`` whose row tiles past the rows read and write nothing for them, and whose
-    column phase adds none of their partial sums: ``tiles`` tiles of ``ceil(rows / tiles)``
-    rows (``rows`` known at run time) leave the tiles from ``ceil(rows / that)`` on without
-    rows, and their staging and zero partial sums would cost reads and writes (all but one
-    of a wave of them for one row). A block of ``write_outs`` stores tile ``t`` (the first
-    index of what it writes) only when ``t * steps < rows``; a block of ``combines`` adds
-    tile ``t`` (its reduction iterator) only then; a block of ``per_tile`` (an input staged
-    once per tile) runs only when its thread block's tile has rows."""
+    """``func`` whose ``tiles`` row tiles walk ``steps = max(ceil(rows / tiles), min_steps)``
+    rows each (``rows`` known at run time; the split made them ``ceil(rows / tiles)``, and
+    every place spells that alike), and whose tiles past the rows read and write nothing:
+    their staging and zero partial sums would cost reads and writes (all but one of a wave
+    of them for one row). A block of ``write_outs`` stores tile ``t`` (the first index of
+    what it writes) only when ``t * steps < rows``; a block of ``combines`` adds tile ``t``
+    (its reduction iterator) only then; a block of ``per_tile`` (an input staged once per
+    tile) runs only when its thread block's tile has rows."""
     dtype = str(rows.ty.dtype)
     even = tirx.floordiv(rows + tirx.IntImm(dtype, tiles - 1), tirx.IntImm(dtype, tiles))
     # every split of the rows into the tiles spells its steps so: each becomes the longer walk
@@ -116,18 +124,15 @@ def on_chip_writes_unconditional(func: tirx.PrimFunc, rows: tvm.ir.PrimExpr
                                  ) -> tirx.PrimFunc:
     """``func`` whose blocks that write only on-chip buffers store rows past ``rows`` (a
     run-time row count) under no predicate: such a block stores ``row < rows ? value : 0``
-    instead (TVM's ``if_then_else`` reads nothing for the branch not taken). TVM lowers a
-    predicate to an ``if`` around the block, and cannot put a barrier inside one: the rows
-    of a run-time tile past the end stage values in shared memory that other threads read,
-    and a barrier the shared buffers need (TVM may lay two of them over one another) fell
-    inside the guard. The on-chip buffers hold one row at a time, so the guarded row's
-    store stays in bounds, and what it stores is never read for a global write or a partial
-    sum, which keep their guards. Other conditions (a partial thread's) stay predicates."""
+    instead. The rows of a run-time tile past the end stage values in shared memory that
+    other threads read, and a barrier the shared buffers need (TVM may lay two of them over
+    one another) fell inside the guard. The on-chip buffers hold one row at a time, so the
+    guarded row's store stays in bounds, and what it stores is never read for a global
+    write or a partial sum, which keep their guards. Other conditions (a partial thread's)
+    stay predicates."""
     ana = Analyzer()  # knows the unit loops, which bindings add and predicates may not
-    loops: list[tvm.ir.Var] = []
 
     def bind_unit(loop: tirx.For) -> None:
-        loops.append(loop.loop_var)
         if isinstance(loop.extent, tirx.IntImm) and int(loop.extent) == 1:
             ana.bind(loop.loop_var, tvm.ir.Range.from_min_extent(loop.min, loop.extent))
 
@@ -135,8 +140,8 @@ def on_chip_writes_unconditional(func: tirx.PrimFunc, rows: tvm.ir.PrimExpr
 
     def on_realize(realize: s_tir.stmt.SBlockRealize) -> s_tir.stmt.SBlockRealize:
         block, predicate = realize.block, realize.predicate
-        if (isinstance(predicate, tirx.IntImm) and int(predicate) == 1) \
-                or block.init is not None or not isinstance(block.body, tirx.BufferStore) \
+        if _always(predicate) or block.init is not None \
+                or not isinstance(block.body, tirx.BufferStore) \
                 or any(w.source.scope() == "global" for w in block.writes):
             return realize
         moved, kept = [], []
