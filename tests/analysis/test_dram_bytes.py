@@ -28,12 +28,13 @@ def test_broadcast_operands_reach_dram_once(model, width: int) -> None:
     assert report.to_dict()["dram_ratio"] == report.dram_ratio
 
 
-def test_a_large_buffer_read_in_three_passes_is_dram_traffic() -> None:
+def test_a_large_buffer_read_in_two_passes_is_dram_traffic() -> None:
     """Rows of 60000 split in 4: a sub-row does not fit a block's shared memory, so each of
-    the three phases reads it (rows of 30000 are kept on chip and read once)."""
+    the two phases of the online softmax reads it (rows of 30000 are kept on chip and read
+    once)."""
     report = _report(micro.softmax((64, 60000)))
     (kernel,) = report.kernels
     x = kernel.traffic.buffers["x"]
-    assert x.size_bytes > L2_RESIDENT_BYTES and x.read_bytes == 3 * x.size_bytes  # 3 passes
+    assert x.size_bytes > L2_RESIDENT_BYTES and x.read_bytes == 2 * x.size_bytes  # 2 passes
     assert x.l2_bytes == 0
-    assert report.dram_ratio > 1.99  # the split rows' small partial sums are L2 hits
+    assert report.dram_ratio > 1.49  # the split rows' small partial sums are L2 hits

@@ -38,7 +38,7 @@ from tvm_stitch.schedule.grid_barrier import (
     is_grid_sync,
 )
 from tvm_stitch.simt import SimtFunction, SimtModule
-from tvm_stitch.simt.grid import GridTooLarge
+from tvm_stitch.simt.grid import GridTooLarge, split_phases
 from tvm_stitch.simt.kernel import concurrent_work_groups
 from tvm_stitch.target import SIMT_CONCURRENT_BLOCKS, cuda_target, opencl_target
 from tvm_stitch.transform.stitch_fuse import stitch
@@ -290,6 +290,35 @@ def test_a_grid_too_large_to_run_or_split_is_refused() -> None:
         simt(a, np.zeros(2, "uint32"), np.zeros_like(a))
 
 
+def _value_bound_in_phase_0(used_after_the_barrier: bool) -> tirx.PrimFunc:
+    """A lowered grid-barrier kernel that binds a loaded value before its barrier, read
+    after it or not."""
+
+    @T.prim_func(s_tir=True)
+    def kernel(a_ptr: T.handle("float32", "global"), b_ptr: T.handle("float32", "global"),
+               state_ptr: T.handle("uint32", "global")):
+        a = T.decl_buffer((64,), data=a_ptr)
+        b = T.decl_buffer((64,), data=b_ptr)
+        state = T.decl_buffer((2,), "uint32", data=state_ptr)
+        with T.launch_thread("blockIdx.x", 2) as bx:
+            with T.launch_thread("threadIdx.x", 32) as tx:
+                v: T.let[T.float32] = a[bx * 32 + tx]
+                b[bx * 32 + tx] = v
+                T.call_extern("void", "tvm_stitch_grid_sync", state.data)
+                b[bx * 32 + tx] = b[63 - bx * 32 - tx] + (v if used_after_the_barrier
+                                                          else T.float32(1))
+    return kernel
+
+
+def test_a_value_loaded_in_one_phase_splits_only_when_no_later_phase_reads_it() -> None:
+    # the online softmax's per-element update binds loaded values at the top level of a
+    # lowered kernel whose one-iteration loops are gone (a split row of 512 on 512 threads)
+    bodies, why, _ = split_phases(_value_bound_in_phase_0(False))
+    assert len(bodies) == 2 and not why
+    bodies, why, _ = split_phases(_value_bound_in_phase_0(True))
+    assert not bodies and why == "the value of v is loaded before a grid barrier"
+
+
 def test_cuda_source_defines_the_barrier_once() -> None:
     scheduled, _ = lower_stitch(micro.column_sum((64, 32)))
     source = module_cuda_source(scheduled, "sm_90")
@@ -306,8 +335,9 @@ def test_plan_of_a_global_group_round_trips() -> None:
 
 
 @pytest.mark.parametrize("target", ["cuda", "opencl"])
-@pytest.mark.parametrize(("build", "shape", "barriers"), [(micro.softmax, (4, 3000), 2),
-                                                          (micro.layer_norm, (4, 4096), 3)])
+@pytest.mark.parametrize(("build", "shape", "barriers"), [(micro.softmax, (4, 3000), 1),
+                                                          (micro.layer_norm, (4, 4096), 2),
+                                                          (micro.rms_norm, (4, 4096), 1)])
 def test_few_long_rows_are_split_over_several_blocks(build, shape, barriers: int,
                                                      target: str) -> None:
     scheduled, plan = _check(build(shape), target)
@@ -315,8 +345,9 @@ def test_few_long_rows_are_split_over_several_blocks(build, shape, barriers: int
     assert group.row_split > 1
     assert group.mapping.rows == shape[0] * group.row_split  # the sub-rows are mapped
     # every block combines its own row's partials after their barrier, where row blocks
-    # alone read the combination (softmax's maximum and sum, layer norm's variance); the
-    # mean goes through a column-space block (the division by the length): a column phase
+    # alone read the combination (softmax's online (sum, maximum) pairs, layer norm's mean
+    # and variance, RMS norm's mean square) or a value computed from combinations alone (the
+    # mean: the sum over the length), so no column phase and barrier of its own makes it
     assert group.phases[0].kind is PhaseKind.ROWS and group.grid_barriers == barriers
     assert group.launch.grid <= group.launch.wave
     ((name, func),) = stitched_functions(scheduled).items()
@@ -327,7 +358,9 @@ def test_task_splitting_fills_the_gpu_on_64_rows_of_30000() -> None:
     _, plan = lower_stitch(micro.softmax((64, 30000)))
     (group,) = plan.groups
     assert group.row_split == 4 and group.launch.grid == 256  # a block per SM or two
-    assert group.grid_barriers == 2  # after the partial maxima, after the partial sums
+    # one barrier after the partial (sum, maximum) pairs of an online softmax, where the two
+    # passes need one after the partial maxima and one after the partial sums
+    assert group.online == ("T_softmax_maxelem",) and group.grid_barriers == 1
 
 
 @pytest.mark.parametrize("target", ["cuda", "opencl"])

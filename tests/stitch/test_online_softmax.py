@@ -115,10 +115,29 @@ def test_a_softmax_on_chip_stays_in_two_passes() -> None:
         assert plan.groups[0].online == (), str(plan)
 
 
+def test_split_rows_combine_their_pairs_after_one_grid_barrier() -> None:
+    """64 rows of 30000 split over four blocks each: the two passes need a grid barrier
+    after the partial maxima and another after the partial sums; online, one after the
+    partial (sum, maximum) pairs, for no more bytes. The rules take it, and it matches."""
+    model = micro.softmax((64, 30000))
+    scheduled, plan = _compiled(model)
+    (group,) = plan.groups
+    assert group.online == ("T_softmax_maxelem",) and group.row_split == 4, str(plan)
+    assert group.grid_barriers == 1, str(plan)
+    two_pass, two_pass_plan = _compiled(model, online=False)
+    assert two_pass_plan.groups[0].row_split == 4
+    assert two_pass_plan.groups[0].grid_barriers == 2, str(two_pass_plan)
+    # and fewer bytes: the two passes read the partial maxima again with the partial sums
+    assert analyze(scheduled).global_bytes < analyze(two_pass).global_bytes
+    check = verify.run_simt(scheduled, model)
+    assert check.ok, check
+
+
 @pytest.mark.parametrize(("name", "shape", "half"), [
     ("softmax", (64, 1000), False),
     ("softmax", (64, 1000), True),
-    ("softmax", (4, 8192), False),  # a block per row: split rows keep two passes
+    ("softmax", (4, 8192), False),  # rows split over blocks: pairs combined after a barrier
+    ("softmax", (4, 8192), True),
     ("scale_mask_softmax", (2, 4, 64, 64), False),
     ("logsoftmax_nll", (64, 1000), False),
 ])
@@ -171,7 +190,8 @@ def test_online_is_a_choice_and_refused_without_a_softmax() -> None:
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_online_kernels_compile_without_spills(arch: str) -> None:
     kernels = [_cross_entropy((2048, 128256))[1],
-               _compiled(micro.softmax((64, 1000)), online=True)[0]]
+               _compiled(micro.softmax((64, 1000)), online=True)[0],
+               _compiled(micro.softmax((64, 30000)))[0]]  # rows split over blocks
     for scheduled in kernels:
         for name, func in stitched_functions(scheduled).items():
             report = compile_cuda(lower(func, name, cuda_target(arch)).source(), arch)

@@ -65,7 +65,7 @@ def test_a_grid_larger_than_pocl_runs_is_split_with_the_kept_buffer_spilled() ->
     (kernel,) = barriers.phases
     (group,) = StitchPlan.of_module(scheduled).groups
     assert group.launch.grid > SIMT_CONCURRENT_BLOCKS
-    assert len(barriers.phases[kernel]) == 3, barriers.reasons
+    assert len(barriers.phases[kernel]) == group.grid_barriers + 1, barriers.reasons
     (spill,) = barriers.spills[kernel]
     assert spill.name == "x_shared" and spill.nbytes == 2 * 4096 * 4
 
@@ -89,10 +89,12 @@ def test_the_kept_kernels_compile_without_spills(arch: str) -> None:
 
 def test_a_sub_row_larger_than_the_shared_budget_is_read_again_in_each_phase() -> None:
     """Rows of 60000 split in 4: a sub-row of 15000 floats (60 KB) does not fit a block's 48
-    KB, so nothing is kept, and the split reads its row once per phase, as it did."""
+    KB, so nothing is kept, and the split reads its row once per phase: twice, as an online
+    softmax has two phases (the two passes would read it three times: a ratio of 2.0)."""
     scheduled = pipeline.lower(import_model(patterns.softmax(64, 60000)[0]), cuda_target(),
                                "stitch")
     (group,) = StitchPlan.of_module(scheduled).groups
     assert group.row_split == 4 and not any(b.across_barriers for b in group.buffers)
     assert group.shared_bytes <= group.shared_budget
-    assert analysis.analyze(scheduled).traffic_ratio == pytest.approx(2.0, abs=0.01)
+    assert group.online and group.grid_barriers == 1, group
+    assert analysis.analyze(scheduled).traffic_ratio == pytest.approx(1.5, abs=0.01)

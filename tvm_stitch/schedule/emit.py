@@ -775,7 +775,8 @@ def _map_row_phase(sch: s_tir.Schedule, mapping: ThreadMapping, names: set[str],
         _bind_inner_loops(sch, block, 2, mapping, scalar)
     for name in combines:
         block = sch.get_sblock(name)
-        sch.set_scope(block, 0, SHARED)
+        for index in range(len(sch.get(block).writes)):  # an online softmax's pair: two
+            sch.set_scope(block, index, SHARED)
         sch.compute_at(block, step, preserve_unit_loops=True)
         part, row = sch.get_loops(block)[2:]  # the loops of a column combination
         sch.reorder(row, part)

@@ -195,22 +195,22 @@ def combine_per_reader(sch: s_tir.Schedule, func: tirx.PrimFunc) -> s_tir.Schedu
     allocs = list(func.body.block.alloc_buffers)
     names = set()  # of the combinations and their copies
     for block in combines:
-        result = sch.get(block).writes[0].source
-        names.add(result.name)
-        users = [name_of(sch, u) for u in readers(sch, result, exclude=block)]
+        results = [w.source for w in sch.get(block).writes]  # two for an online softmax
+        names.update(r.name for r in results)
+        users = list(dict.fromkeys(name_of(sch, u) for r in results
+                                   for u in readers(sch, r, exclude=block)))
         (nest,) = [n for n in nests if name_of(sch, block) in blocks_in(n)]
-        for user in users if result.name in params else users[1:]:
+        for user in users if any(r.name in params for r in results) else users[1:]:
             # layout=None as TVM's own buffers: decl_buffer's default TileLayout makes a
             # one-element buffer a scalar, which TVMScript prints as ``X.source[0]`` and cannot
             # parse back (the SIMT runner's float16 retyping; fuzz graph 4242:1236)
-            copy = tirx.decl_buffer(result.shape, result.dtype, f"{result.name}_{user}",
-                                    scope=result.scope(), layout=None)
-            allocs.append(copy)
-            names.add(copy.name)
-            nests.insert(nests.index(nest), _renamed(_with_buffer(nest, result, copy),
-                                                     f"_{user}"))
+            copies = {r: tirx.decl_buffer(r.shape, r.dtype, f"{r.name}_{user}",
+                                          scope=r.scope(), layout=None) for r in results}
+            allocs.extend(copies.values())
+            names.update(c.name for c in copies.values())
+            nests.insert(nests.index(nest), _renamed(_with_buffers(nest, copies), f"_{user}"))
             at = next(i for i, n in enumerate(nests) if user in blocks_in(n))
-            nests[at] = _with_buffer(nests[at], result, copy)
+            nests[at] = _with_buffers(nests[at], copies)
     nests = [_plain_reads(n, names) for n in nests]
     return s_tir.Schedule(with_root(func, body=tirx.SeqStmt(nests), alloc_buffers=allocs))
 
@@ -245,10 +245,10 @@ def _plain_reads(stmt: tirx.Stmt, buffers: set[str]) -> tirx.Stmt:
     return tvm_ffi.structural_map(stmt, [(s_tir.stmt.SBlock, on_block)])
 
 
-def _with_buffer(stmt: tirx.Stmt, old: tirx.Buffer, new: tirx.Buffer) -> tirx.Stmt:
-    """``stmt`` with every use of buffer ``old`` replaced by ``new``."""
-    return tvm_ffi.structural_map(stmt, [(tirx.Buffer, lambda b: new if b.same_as(old)
-                                          else b)])
+def _with_buffers(stmt: tirx.Stmt, new: dict[tirx.Buffer, tirx.Buffer]) -> tirx.Stmt:
+    """``stmt`` with every use of a buffer of ``new`` replaced by its value there."""
+    return tvm_ffi.structural_map(stmt, [(tirx.Buffer, lambda b: next(
+        (n for o, n in new.items() if b.same_as(o)), b))])
 
 
 def _renamed(stmt: tirx.Stmt, suffix: str) -> tirx.Stmt:

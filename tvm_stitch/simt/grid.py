@@ -173,16 +173,21 @@ def split_phases(kernel: tirx.PrimFunc) -> tuple[list[tirx.Stmt], str, list[str]
         stmt = inner[0]
     segments: list[list[tirx.Stmt]] = [[]]
     declarations: list[tirx.Stmt] = []
+    loaded: list[tuple[tvm.ir.Var, int]] = []  # values loaded in a phase: its own
     for s in stmt.seq:
         if is_grid_sync(s):
             segments.append(list(declarations))
+        elif isinstance(s, tirx.Bind) and _loads(s.value):
+            loaded.append((s.var, len(segments) - 1))
+            segments[-1].append(s)
         elif isinstance(s, _DECLARATIONS):
-            if isinstance(s, tirx.Bind) and _loads(s.value):
-                return [], f"the value of {s.var.name} is loaded before a grid barrier", []
             declarations.append(s)
             segments[-1].append(s)
         else:
             segments[-1].append(s)
+    for var, phase in loaded:
+        if any(_uses(segment, var) for segment in segments[phase + 1:]):
+            return [], f"the value of {var.name} is loaded before a grid barrier", []
     if count_grid_barriers(kernel) != len(segments) - 1:
         return [], "some of its grid barriers are inside a loop or a branch", []
     crossing = _on_chip_crossing(segments)
@@ -196,6 +201,13 @@ def split_phases(kernel: tirx.PrimFunc) -> tuple[list[tirx.Stmt], str, list[str]
             body = wrap(body)
         bodies.append(body)
     return bodies, "", []
+
+
+def _uses(stmts: list[tirx.Stmt], var: tvm.ir.Var) -> bool:
+    found: list[object] = []
+    tvm_ffi.structural_walk(stmts, [(tvm.ir.Var, lambda v: found.append(v) if v.same_as(var)
+                                     else None)])
+    return bool(found)
 
 
 def _loads(expr: object) -> bool:

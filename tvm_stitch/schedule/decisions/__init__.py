@@ -109,7 +109,9 @@ def decide(func: tirx.PrimFunc, group: Group, rows: int | None,
     two-pass kernel does not build, or when one of its bodies reads an input from global
     memory again and the online kernel moves no more bytes at any size counted and fewer at
     one (counted from the built kernels): on chip, the two passes take two exponentials per
-    element, the online reduction and its output pass three.
+    element, the online reduction and its output pass three. Rows split over several blocks
+    take it too when it moves no more bytes: its partial pairs are combined after one grid
+    barrier, where the two passes need two (a maximum, then a sum of exponentials).
     """
     choices = choices or Choices()
     pairs = tuple(dict.fromkeys(p.maximum for p in find_online_pairs(prepare(func)))) \
@@ -134,8 +136,9 @@ def _two_pass_or_online(func: tirx.PrimFunc, group: Group, rows: int, target: Ta
         except Unstitchable:
             raise err from None
     bodies = [two_pass.group, *filter(None, [two_pass.group.beyond_bound])]
-    if not any(b.role is BufferRole.INPUT and b.level is StorageLevel.GLOBAL
-               for body in bodies for b in body.buffers):
+    if not two_pass.group.row_split and not any(
+            b.role is BufferRole.INPUT and b.level is StorageLevel.GLOBAL
+            for body in bodies for b in body.buffers):
         return two_pass
     try:
         online = _decide(func, group, rows, target, choices, pairs)
@@ -143,8 +146,10 @@ def _two_pass_or_online(func: tirx.PrimFunc, group: Group, rows: int, target: Ta
         return two_pass
     counts = [(global_bytes(online.lowered, sizes=at), global_bytes(two_pass.lowered, sizes=at))
               for at in _counted_sizes(func, two_pass)]
+    fewer_barriers = online.group.row_split == two_pass.group.row_split \
+        and len(online.group.phases) < len(two_pass.group.phases)
     if all(o is not None and t is not None and o <= t for o, t in counts) \
-            and any(o < t for o, t in counts):
+            and (fewer_barriers or any(o < t for o, t in counts)):
         return online
     return two_pass
 
@@ -180,12 +185,9 @@ def _decide(func: tirx.PrimFunc, group: Group, rows: int | None, target: Target 
     elif column_reductions(sch, rows):
         done = decide_global(sch, func, group, rows, budget, max_threads, gpu)
     else:
-        # a split row's partial pairs would be combined after a grid barrier from values
-        # the SIMT runner cannot carry over it: an online softmax keeps a block per row
-        split = None if online else decide_split(func, group, rows, budget, max_threads, gpu)
+        split = decide_split(func, group, rows, budget, max_threads, gpu)
         if split is None and (choices.split_parts or 1) > 1:
-            raise Unstitchable(f"the rows cannot be split in {choices.split_parts} parts"
-                               + (" with an online softmax" if online else ""))
+            raise Unstitchable(f"the rows cannot be split in {choices.split_parts} parts")
         if split is not None:
             try:
                 return _built(fused, split, target, gpu)

@@ -7,6 +7,7 @@ from dataclasses import replace
 from math import prod
 
 from tvm import s_tir, tirx
+from tvm.s_tir.schedule import SBlockRV
 
 from ...analysis.roofline import GPU
 from ...plan import (
@@ -370,17 +371,34 @@ def _row_infos(sch: s_tir.Schedule, rows: int, roles: Roles) -> dict[str, BlockR
 
 def _inline_column_space(sch: s_tir.Schedule, func: tirx.PrimFunc, roles: Roles,
                          dec: Decisions) -> None:
-    """A column-space block read once, by one column-space block, is computed by it."""
-    for name in reversed(roles.of_kind(BlockRole.COLUMN_SPACE)):
-        block = sch.get_sblock(name)
-        if writes_param(sch, func, block):
-            continue
-        buffer = sch.get(block).writes[0].source
-        users = readers(sch, buffer, exclude=block)
-        if len(users) == 1 and load_count(sch, users[0], buffer) == 1 \
-                and roles.kinds[name_of(sch, users[0])] is BlockRole.COLUMN_SPACE:
-            sch.compute_inline(block)
-            dec.inlined.append(name)
+    """A column-space block read once, by one column-space block, is computed by it; so is
+    one computed from combinations of a split row's partials alone and read by row blocks
+    alone (a mean, the row sum over the length), by each of them: every block then combines
+    its own row's partials where it reads them (``combine_per_reader``), and no column phase
+    and grid barrier of its own makes the value for them."""
+    for combinations in (False, True):  # the latter once chains are one block
+        for name in reversed(roles.of_kind(BlockRole.COLUMN_SPACE)):
+            if name in dec.inlined:
+                continue
+            block = sch.get_sblock(name)
+            if writes_param(sch, func, block):
+                continue
+            buffer = sch.get(block).writes[0].source
+            users = readers(sch, buffer, exclude=block)
+            kinds = {roles.kinds[name_of(sch, u)] for u in users}
+            if (users and kinds == {BlockRole.ROW} and _of_combinations(sch, roles, block)
+                    if combinations else len(users) == 1 and kinds == {BlockRole.COLUMN_SPACE}
+                    and load_count(sch, users[0], buffer) == 1):
+                sch.compute_inline(block)
+                dec.inlined.append(name)
+
+
+def _of_combinations(sch: s_tir.Schedule, roles: Roles, block: SBlockRV) -> bool:
+    """Whether ``block`` reads nothing but what combine blocks write."""
+    read = {r.source.name for r in sch.get(block).reads}
+    combined = {w.source.name for n in roles.of_kind(BlockRole.COMBINE)
+                for w in sch.get(sch.get_sblock(n)).writes}
+    return bool(read) and read <= combined
 
 
 def _inline_crossings(sch: s_tir.Schedule, rows: int, dec: Decisions) -> Roles:
