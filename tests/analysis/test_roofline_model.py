@@ -2,7 +2,17 @@
 
 import pytest
 
-from tvm_stitch.analysis import GPUS, KernelWork, effective_bandwidth, kernel_time_us, waves
+from tvm_stitch import pipeline
+from tvm_stitch.analysis import (
+    GPUS,
+    KernelWork,
+    analyze,
+    effective_bandwidth,
+    kernel_time_us,
+    waves,
+)
+from tvm_stitch.frontend.onnx import import_model
+from tvm_stitch.workloads import micro
 
 MB64 = 64 << 20
 
@@ -41,6 +51,27 @@ def test_two_launches_cost_more_than_one_with_the_same_bytes(gpu) -> None:
     one = kernel_time_us(gpu, _work(blocks=4096))
     two = 2 * kernel_time_us(gpu, _work(blocks=4096, nbytes=MB64 // 2))
     assert two == pytest.approx(one + gpu.launch_overhead_us)
+
+
+@pytest.mark.parametrize("gpu", GPUS.values(), ids=list(GPUS))
+def test_each_grid_barrier_costs_its_figure(gpu) -> None:
+    plain = _work(blocks=gpu.sms)
+    two = KernelWork(plain.global_bytes, plain.accesses, plain.blocks, plain.threads_per_block,
+                     grid_barriers=2)
+    assert kernel_time_us(gpu, two) == pytest.approx(kernel_time_us(gpu, plain)
+                                                     + 2 * gpu.grid_barrier_us)
+    assert 1.0 <= gpu.grid_barrier_us <= 3.0
+
+
+def test_a_report_charges_the_grid_barriers_of_its_kernel() -> None:
+    scheduled = pipeline.lower(import_model(micro.layer_norm((4, 4096))), "cuda:sm_90",
+                               "stitch")
+    (kernel,) = analyze(scheduled).kernels
+    assert kernel.grid_barriers == 2 and kernel.to_dict()["grid_barriers"] == 2
+    gpu = GPUS["H200"]
+    free = KernelWork(**{**vars(kernel.work), "grid_barriers": 0})
+    assert kernel.roofline_us()["H200"] == pytest.approx(kernel_time_us(gpu, free)
+                                                         + 2 * gpu.grid_barrier_us)
 
 
 def test_too_few_threads_in_flight_cannot_cover_latency() -> None:

@@ -29,6 +29,7 @@ from ..lowering import (
     lower,
     scalar_dtype,
 )
+from ..schedule.grid_barrier import count_grid_barriers
 from ..symbolic import shape_vars
 from ..target import parse_target
 from .classify import has_contraction
@@ -54,6 +55,7 @@ class KernelReport:
     traffic: KernelTraffic
     memory_intensive: bool
     resources: KernelResources | None = None
+    grid_barriers: int = 0
 
     @property
     def blocks(self) -> int:
@@ -69,7 +71,8 @@ class KernelReport:
     def work(self) -> KernelWork:
         """What the roofline model needs of this launch."""
         return KernelWork(self.traffic.global_bytes, self.traffic.accesses, self.blocks,
-                          self.threads_per_block, self.traffic.step_accesses)
+                          self.threads_per_block, self.traffic.step_accesses,
+                          self.grid_barriers)
 
     def waves(self) -> dict[str, float]:
         """Waves of blocks per GPU (thread-limited occupancy)."""
@@ -96,6 +99,7 @@ class KernelReport:
             "dram_bytes": self.traffic.dram_bytes,
             "accesses": self.traffic.accesses,
             "step_accesses": self.traffic.step_accesses,
+            "grid_barriers": self.grid_barriers,
             "exact": self.traffic.exact,
             "roofline_us": self.roofline_us(),
         }
@@ -272,7 +276,8 @@ class _Lowered:
             traffic = count_traffic(kernel, ana, exact_guards, name=what)
             res = None if self.resources is None else self.resources.get(launch.kernel)
             reports.append(KernelReport(launch.kernel, self.func.name, grid, block,
-                                        traffic, self.memory_intensive, res))
+                                        traffic, self.memory_intensive, res,
+                                        count_grid_barriers(kernel)))
         return reports
 
 

@@ -2,7 +2,7 @@
 
 Per kernel::
 
-    time = launch_overhead + bytes / effective_bandwidth
+    time = launch_overhead + grid_barriers x grid_barrier_cost + bytes / effective_bandwidth
     effective_bandwidth = peak x min(1, active_SMs / SMs) x min(1, in_flight / needed)
 
 - ``active_SMs = min(SMs, blocks)``: a grid of 64 blocks keeps 64 SMs busy at most.
@@ -44,6 +44,14 @@ Launch overhead is the effective cost of one more kernel in a back-to-back seque
 TensorFlow (against 2.5 us for a grid barrier), which includes framework overhead; CUDA's
 own launch latency on recent GPUs is a few microseconds (NVIDIA's CUDA Graphs material). These
 three figures are assumptions to calibrate against measurements on a GPU.
+
+A grid barrier (Global stitching, counted in the kernel's TIR) costs 1.5 us on H200: measured
+there, softmax_64x30000 went from 15.9 to 12.8 us when two of its four grid barriers went, with
+the one-block column phases they closed, on a grid of 256 blocks
+(``docs/results/gpu-2026-11-29-h200.md``). 2.5 us on V100 is the AStitch
+paper's figure; 2.0 us on A100 lies between, an assumption. Without it, a kernel with one grid
+barrier fewer for the same bytes would be estimated as fast, and the rules and the tuner's
+analytic model could not prefer it.
 """
 
 from __future__ import annotations
@@ -60,6 +68,7 @@ class GPU:
     bandwidth: float  # peak DRAM bandwidth, bytes per second
     sms: int
     launch_overhead_us: float
+    grid_barrier_us: float  # one grid barrier of a persistent grid (Global stitching)
     shared_bytes_per_sm: int  # shared memory one SM can give to resident blocks
     reserved_shared_per_block: int = 1024  # CUDA's own shared memory per resident block
     shared_bytes_per_block: int = 49152  # static shared memory limit of one block
@@ -84,11 +93,11 @@ GPUS: dict[str, GPU] = {
     gpu.name: gpu
     for gpu in (
         GPU("H200", "sm_90", bandwidth=4.8e12, sms=132, launch_overhead_us=3.0,
-            shared_bytes_per_sm=228 * 1024),
+            grid_barrier_us=1.5, shared_bytes_per_sm=228 * 1024),
         GPU("A100", "sm_80", bandwidth=2.0e12, sms=108, launch_overhead_us=4.0,
-            shared_bytes_per_sm=164 * 1024),
+            grid_barrier_us=2.0, shared_bytes_per_sm=164 * 1024),
         GPU("V100", "sm_70", bandwidth=0.9e12, sms=80, launch_overhead_us=5.0,
-            shared_bytes_per_sm=96 * 1024, reserved_shared_per_block=0),
+            grid_barrier_us=2.5, shared_bytes_per_sm=96 * 1024, reserved_shared_per_block=0),
     )
 }
 
@@ -111,6 +120,7 @@ class KernelWork:
     blocks: int
     threads_per_block: int
     step_accesses: float | None = None  # accesses of one synchronising step; None: all
+    grid_barriers: int = 0
 
 
 def resident_blocks_per_sm(gpu: GPU, threads_per_block: int) -> int:
@@ -141,10 +151,12 @@ def effective_bandwidth(gpu: GPU, work: KernelWork) -> float:
 
 
 def kernel_time_us(gpu: GPU, work: KernelWork) -> float:
-    """Estimated microseconds for one launch: overhead plus bytes at effective bandwidth."""
+    """Estimated microseconds for one launch: overhead and grid barriers, plus bytes at
+    effective bandwidth."""
+    fixed = gpu.launch_overhead_us + work.grid_barriers * gpu.grid_barrier_us
     if work.global_bytes == 0:
-        return gpu.launch_overhead_us
-    return gpu.launch_overhead_us + work.global_bytes / effective_bandwidth(gpu, work) * 1e6
+        return fixed
+    return fixed + work.global_bytes / effective_bandwidth(gpu, work) * 1e6
 
 
 def total_time_us(gpu: GPU, kernels: list[KernelWork]) -> float:
