@@ -13,7 +13,10 @@ not.) A softmax or log-softmax over a middle axis is the same op over the last a
 transposed input, transposed back (one over the first axis is a column softmax, which
 Global stitching maps as it is). The transpose into the reduction stitches into the
 reduction's kernel, which reads the input through it (grouping merges a transpose that only
-a reduction reads into that reduction first); the one back may be a kernel of its own.
+a reduction reads into that reduction first); the one back may be a kernel of its own. A
+transposed view of a transpose is one transpose of its source, and none when the two cancel:
+attention pooling (a softmax over the steps of (B, T, E), weighting a sum over them) reads
+the softmax's rows as they are made, one kernel.
 """
 
 from __future__ import annotations
@@ -118,6 +121,41 @@ def _function_outputs(func: relax.Function) -> list[relax.Var]:
     return [f for f in fields if isinstance(f, relax.Var)]
 
 
+def _pooled_softmaxes(func: relax.Function) -> set[relax.Call]:
+    """The softmax calls of ``func`` whose result a reduction over the softmax's axis
+    reads, directly or through at most ``MAX_PUSHED`` element-wise ops (attention pooling:
+    a softmax over the steps weights a sum over them)."""
+    bound: dict[relax.Var, relax.Expr] = {}
+    users: dict[relax.Var, list[relax.Call]] = {}
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            if not isinstance(binding, relax.VarBinding):
+                continue
+            bound[binding.var] = binding.value
+            if isinstance(binding.value, relax.Call):
+                for arg in binding.value.args:
+                    if isinstance(arg, relax.Var):
+                        users.setdefault(arg, []).append(binding.value)
+    var_of = {v: k for k, v in bound.items() if isinstance(v, relax.Call)}
+
+    def reaches(var: relax.Var, axis: int, budget: int) -> bool:
+        for user in users.get(var, []):
+            if _is(user, REDUCTIONS) and reduced_axes(user) == [axis]:
+                return True
+            if _is(user, _ELEMENT_WISE) and budget > 0 and user in var_of \
+                    and reaches(var_of[user], axis, budget - 1):
+                return True
+        return False
+
+    found = set()
+    for var, value in bound.items():
+        if isinstance(value, relax.Call) and _is(value, _SOFTMAX) and value.ty.ndim > 0:
+            axis = int(value.attrs.axis) % value.ty.ndim
+            if reaches(var, axis, MAX_PUSHED):
+                found.add(value)
+    return found
+
+
 def _is(call: relax.Call, table: dict) -> bool:
     return isinstance(call.op, tvm.ir.Op) and call.op.name in table
 
@@ -128,19 +166,24 @@ class _MixedReduction(relax.PyExprMutator):
     into the same op over a transposed input."""
 
     outputs: list[relax.Var] = []
+    pooled: set[relax.Call] = set()
 
     def visit_function_(self, func: relax.Function) -> relax.Expr:
-        """``func`` rewritten, knowing the variables it returns."""
-        self.outputs = _function_outputs(func) if isinstance(func.body, relax.SeqExpr) else []
+        """``func`` rewritten, knowing the variables it returns and the softmaxes a
+        reduction over their axis reads."""
+        seq = isinstance(func.body, relax.SeqExpr)
+        self.outputs = _function_outputs(func) if seq else []
+        self.pooled = _pooled_softmaxes(func) if seq else set()
         return super().visit_function_(func)
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         """The transposed form of a mixed reduction or softmax; other calls unchanged."""
+        pooled = call in self.pooled
         call = super().visit_call_(call)
         if _is(call, REDUCTIONS):
             return self._reduction(call)
         if _is(call, _SOFTMAX):
-            return self._softmax(call)
+            return self._softmax(call, pooled)
         return call
 
     def _view(self, data: relax.Expr, dims: list[int | None], perm: list[int],
@@ -165,7 +208,9 @@ class _MixedReduction(relax.PyExprMutator):
                 if lead:
                     expr = self.builder_.emit(
                         relax.op.reshape(expr, lead + list(expr.ty.shape)), name_hint=name)
-                return self.builder_.emit(_permuted(expr, lead + shape, perm), name_hint=name)
+                    return self.builder_.emit(_permuted(expr, lead + shape, perm),
+                                              name_hint=name)
+                return self._transposed(expr, shape, perm, name)
             bound = self.lookup_binding(expr) if isinstance(expr, relax.Var) else None
             if not (isinstance(bound, relax.Call) and _is(bound, _ELEMENT_WISE)) \
                     or budget[0] == 0:
@@ -177,8 +222,29 @@ class _MixedReduction(relax.PyExprMutator):
             return self.builder_.emit(relax.Call(bound.op, args, bound.attrs), name_hint=name)
 
         if _read_through(self, data, self.outputs):
-            return self.builder_.emit(_permuted(data, dims, perm), name_hint=name)
+            return self._transposed(data, dims, perm, name)
         return pushed(data)
+
+    def _transposed(self, data: relax.Expr, dims: list[int | None], perm: list[int],
+                    name: str) -> relax.Expr:
+        """``data`` (of extents ``dims``) transposed by ``perm``, emitted. A transpose of a
+        transpose is one transpose of its source, read through as the first was, and none
+        when the two cancel: a softmax over a middle axis transposed back, then into a
+        reduction over that axis (attention pooling), reads the softmax's rows as they are,
+        where two transposes in a row left a kernel of their own between the two groups."""
+        bound = self.lookup_binding(data) if isinstance(data, relax.Var) else None
+        if isinstance(bound, relax.Call) and _is(bound, {"relax.permute_dims": None}) \
+                and bound.attrs.axes is not None:
+            source = bound.args[0]
+            order = [int(a) % len(dims) for a in bound.attrs.axes]
+            composed = [order[p] for p in perm]
+            source_dims = _static_dims(source)
+            if composed == sorted(composed):
+                return source
+            if source_dims is not None and _read_through(self, source, self.outputs):
+                return self.builder_.emit(_permuted(source, source_dims, composed),
+                                          name_hint=name)
+        return self.builder_.emit(_permuted(data, dims, perm), name_hint=name)
 
     def _reduction(self, call: relax.Call) -> relax.Expr:
         data = call.args[0]
@@ -228,7 +294,16 @@ class _MixedReduction(relax.PyExprMutator):
         return relax.op.reshape(self.builder_.emit(result, name_hint="reduced"),
                                 call.ty.shape)
 
-    def _softmax(self, call: relax.Call) -> relax.Expr:
+    def _softmax(self, call: relax.Call, pooled: bool) -> relax.Expr:
+        """A softmax over a middle axis as one over the last axis of a transposed view,
+        transposed back. Only where that saves more than the transpose back costs: the
+        input is made by element-wise ops (they stitch into the softmax's kernel through
+        the view, where TVM runs them as a kernel of their own), or a reduction over the
+        same axis reads the result (``pooled``: the two transposes cancel), or the
+        transposes only move axes of extent 1 (views). Else the transpose back would be a
+        kernel of its own after the one TVM makes of the softmax
+        (softmax over the channels of (2, 64, 256): 2 kernels and 1.25x TVM's bytes), and
+        the softmax is left as it is."""
         data = call.args[0]
         dims = _static_dims(data)
         if dims is None:
@@ -238,6 +313,10 @@ class _MixedReduction(relax.PyExprMutator):
             return call  # a row softmax, or a column softmax (Global stitching maps both)
         # with the axes after it (even of extent 1: the TIR then reduces an inner axis)
         perm = [a for a in range(len(dims)) if a != axis] + [axis]
+        view = None not in dims and [a for a in perm if dims[a] != 1] == sorted(
+            a for a in perm if dims[a] != 1)  # a reshape both ways (``_permuted``)
+        if not (pooled or view) and _read_through(self, data, self.outputs):
+            return call
         moved = self._view(data, dims, perm, "softmax_view")
         if moved is None:
             return call
