@@ -106,13 +106,15 @@ MAX_PUSHED = 8
 """Element-wise ops a transposed view moves through at most, for one reduction."""
 
 
+def _bound(func: relax.Function) -> dict[relax.Var, relax.Expr]:
+    """The value bound to each variable of ``func``'s body, in binding order."""
+    return {b.var: b.value for block in func.body.blocks for b in block.bindings
+            if isinstance(b, relax.VarBinding)}
+
+
 def _function_outputs(func: relax.Function) -> list[relax.Var]:
     """The variables whose values a function returns (the fields of a returned tuple)."""
-    bound: dict[relax.Var, relax.Expr] = {}
-    for block in func.body.blocks:
-        for binding in block.bindings:
-            if isinstance(binding, relax.VarBinding):
-                bound[binding.var] = binding.value
+    bound = _bound(func)
     result = func.body.body
     while isinstance(result, relax.Var) and result in bound \
             and isinstance(bound[result], relax.Var | relax.Tuple):
@@ -125,17 +127,13 @@ def _pooled_softmaxes(func: relax.Function) -> set[relax.Call]:
     """The softmax calls of ``func`` whose result a reduction over the softmax's axis
     reads, directly or through at most ``MAX_PUSHED`` element-wise ops (attention pooling:
     a softmax over the steps weights a sum over them)."""
-    bound: dict[relax.Var, relax.Expr] = {}
+    bound = _bound(func)
     users: dict[relax.Var, list[relax.Call]] = {}
-    for block in func.body.blocks:
-        for binding in block.bindings:
-            if not isinstance(binding, relax.VarBinding):
-                continue
-            bound[binding.var] = binding.value
-            if isinstance(binding.value, relax.Call):
-                for arg in binding.value.args:
-                    if isinstance(arg, relax.Var):
-                        users.setdefault(arg, []).append(binding.value)
+    for value in bound.values():
+        if isinstance(value, relax.Call):
+            for arg in value.args:
+                if isinstance(arg, relax.Var):
+                    users.setdefault(arg, []).append(value)
     var_of = {v: k for k, v in bound.items() if isinstance(v, relax.Call)}
 
     def reaches(var: relax.Var, axis: int, budget: int) -> bool:
