@@ -19,6 +19,7 @@ from tvm_stitch import analysis, pipeline, verify
 from tvm_stitch.frontend.onnx import import_model
 from tvm_stitch.lowering import lower
 from tvm_stitch.plan import StitchPlan
+from tvm_stitch.schedule.task_split import aligned_part, split_options
 from tvm_stitch.simt.grid import GridBarriers
 from tvm_stitch.target import SIMT_CONCURRENT_BLOCKS, cuda_target, opencl_target
 from tvm_stitch.testing.differential import check_model
@@ -98,3 +99,16 @@ def test_a_sub_row_larger_than_the_shared_budget_is_read_again_in_each_phase() -
     assert group.shared_bytes <= group.shared_budget
     assert group.online and group.grid_barriers == 1, group
     assert analysis.analyze(scheduled).traffic_ratio == pytest.approx(1.5, abs=0.01)
+
+
+def test_sub_rows_are_boxes_of_the_row() -> None:
+    # a group normalisation's row of (10 channels, 64, 64): halves (5 channels) and fifths
+    # (2 channels) are boxes, quarters (2.5 channels) are not, nor is anything that leaves a
+    # block's shorter row of 16 elements unevenly split
+    row = (10, 64, 64)
+    assert aligned_part(20480, row) and aligned_part(8192, row) and aligned_part(4096, row)
+    assert not aligned_part(10240, row) and not aligned_part(5120, row)
+    assert aligned_part(2048, row) and aligned_part(32, row) and not aligned_part(96, row)
+    assert split_options(32, 40960, 264, 512, (row,)) == [2, 5]  # 4 and 8: not boxes
+    assert split_options(4, 65536, 264, 512, ((16, 64, 64), (16,))) == [2, 4, 8, 16]
+    assert split_options(64, 30000, 264, 512) == [2, 3, 4]  # a 1-D row splits anywhere

@@ -37,6 +37,14 @@ class _Cluster:
     rows: int | None  # row count of its reductions, None while it has none
     row_counts: frozenset[int] | None  # row counts every op's output splits into (None: any)
     whole: int | None = None  # elements its reductions to a single value reduce, if any
+    split_counts: frozenset[int] | None = None  # those when a dim may be split, as row_counts
+
+    @property
+    def splits_a_dim(self) -> bool:
+        """Whether its rows split a dim of its ops' outputs (a group normalisation's (B, G)
+        of (B, C, H, W)): only then may ops join whose outputs split so as well."""
+        return self.rows is not None and self.row_counts is not None \
+            and self.rows not in self.row_counts
 
     @property
     def first(self) -> int:
@@ -303,10 +311,11 @@ def column_space(graph: DataflowGraph, candidates: set[int]) -> set[int]:
 def _singleton(node: Node, column: bool) -> _Cluster:
     info = node.info
     counts = None if column else info.row_counts
+    split = None if column else info.split_row_counts
     if _reduces_to_one(node):
-        return _Cluster(1 << node.index, None, counts, whole=info.row_length)
+        return _Cluster(1 << node.index, None, counts, whole=info.row_length, split_counts=split)
     reduces = info.kind in (OpKind.ROW_REDUCE, OpKind.COLUMN_REDUCE)
-    return _Cluster(1 << node.index, info.rows if reduces else None, counts)
+    return _Cluster(1 << node.index, info.rows if reduces else None, counts, split_counts=split)
 
 
 def _common_counts(a: frozenset[int] | None, b: frozenset[int] | None) -> frozenset[int] | None:
@@ -335,16 +344,18 @@ def _merge(quotient: _Quotient, a: _Cluster, b: _Cluster, ua: int, ub: int
     if len(wholes) > 1 or (rows is not None and wholes and wholes != {rows}):
         return None, "a reduction to one value over other rows"
     counts = _common_counts(a.row_counts, b.row_counts)
+    split = _common_counts(a.split_counts, b.split_counts)
     if rows is None:
         if len(output_sizes(quotient.graph, a.members | b.members)) != 1:
             return None, "element-wise outputs of different sizes"
-    elif counts is not None and rows not in counts:
+    elif counts is not None and rows not in counts and not (
+            (a.splits_a_dim or b.splits_a_dim) and (split is None or rows in split)):
         return None, f"an op cannot be split into {rows} rows"
     for x, y in ((ua, ub), (ub, ua)):
         through = quotient.detour(x, y)
         if through is not None:
             return None, f"cycle through {quotient.graph.nodes[through].label}"
-    return _Cluster(a.members | b.members, rows, counts, a.whole or b.whole), ""
+    return _Cluster(a.members | b.members, rows, counts, a.whole or b.whole, split), ""
 
 
 def _emittable(c: _Cluster) -> bool:

@@ -10,16 +10,17 @@ transcendental functions.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from enum import StrEnum
-from math import prod
+from math import isqrt, prod
 
 import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
 from ..lowering import scalar_dtype
-from ..symbolic import dim_value, shape_values
+from ..symbolic import dim_value, is_symbolic, shape_values
 from .copies import Copy, copy_kind
 
 # TVM's OpPatternKind values, as AnnotateTIROpPattern writes them into "op_pattern".
@@ -89,6 +90,26 @@ class OpInfo:
             size *= d
             counts.add(size)
         return frozenset(counts)
+
+    @property
+    def split_row_counts(self) -> frozenset[int]:
+        """Row counts this op's output can be split into when a dim may be split: products of
+        its leading dims with a divisor of the next (rows of (B, G) in (B, C, H, W) of
+        C = G x C / G: a group normalisation's; ``schedule.rows_first`` splits the
+        iterator)."""
+        counts = {1}
+        size = 1
+        for d in self.out_shape:
+            counts.update(size * k for k in ((1, d) if is_symbolic(d) else _divisors(d)))
+            size *= d
+        return frozenset(counts)
+
+
+@functools.cache
+def _divisors(n: int) -> tuple[int, ...]:
+    """The divisors of ``n`` (trial division up to its square root)."""
+    small = [k for k in range(1, isqrt(n) + 1) if n % k == 0]
+    return tuple(sorted({*small, *(n // k for k in small)}))
 
 
 @dataclass(frozen=True)

@@ -80,6 +80,7 @@ from .reduction_guards import keep_write_back_guards
 from .registers import hold_inputs
 from .row_permutation import RowPermutation, permute_rows
 from .rows import Unstitchable, iters_of, row_element_map
+from .rows_first import rows_first
 from .task_split import (
     combine_per_reader,
     split_input_copies,
@@ -209,6 +210,9 @@ def rewritten(func: tirx.PrimFunc, group: Group) -> Rewritten:
     if group.mapping is None:
         raise Unstitchable(f"group {group.id} has no thread mapping")
     func = with_online_softmax(prepare(func), group.online)
+    if group.mapping.kind not in (MappingKind.FLAT, MappingKind.ROW_WALK) \
+            and not group.mapping.rows_expr:
+        func = rows_first(func, group.mapping.rows // (group.row_split or 1))
     if group.permuted_copies:
         func, moves = permute_rows(func)
         planned = RowPermutation(group.permuted_copies, group.permuted_outputs)

@@ -20,7 +20,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir.schedule import SBlockRV
 from tvm.sym import Analyzer
 
-from ..symbolic import dim_value, shape_values
+from ..symbolic import dim_value, is_symbolic, shape_values
 
 
 class Unstitchable(Exception):
@@ -176,6 +176,8 @@ def access_rows(info: BlockRows, region: tvm.ir.TensorRegion, rows: int) -> RowA
     if not uses_rows and not any(dependent):
         return RowAccess.ALIGNED if rows == 1 else RowAccess.INDEPENDENT
     kb = prefix_split(shape, rows)
+    if not kb and not any(dependent):
+        return _flat_row_access(info, dims, shape, rows)
     if not kb or any(dependent[:kb]):
         return RowAccess.OTHER
     ana = _bound(info)
@@ -185,12 +187,34 @@ def access_rows(info: BlockRows, region: tvm.ir.TensorRegion, rows: int) -> RowA
     theirs = _row_index([r.min for r in dims[:kb]], list(region.source.shape)[:kb])
     if mine is None or not ana.can_prove_equal(theirs, mine):
         return RowAccess.OTHER
-    # a row iterator of extent 1 is 0 wherever it appears (a transpose that moves unit axes)
+    # a row iterator of extent 1 is 0 wherever it appears (a transpose that moves unit axes);
+    # simplified, ``(g * 8 + c) % 8`` is ``c`` (a channel iterator split into rows, ``rows_first``)
     moving = [i.var for i in info.row_iters if i.extent != 1]
-    if any(not dep and _uses_any(r.min, moving) for r, dep in zip(dims[kb:], dependent[kb:],
-                                                                  strict=True)):
+    if any(not dep and _uses_any(ana.simplify(r.min), moving)
+           for r, dep in zip(dims[kb:], dependent[kb:], strict=True)):
         return RowAccess.OTHER
     return RowAccess.ALIGNED
+
+
+def _flat_row_access(info: BlockRows, dims: list[tvm.ir.Range], shape: list[int],
+                     rows: int) -> RowAccess:
+    """``access_rows`` of point accesses to a buffer whose shape splits into no prefix of
+    ``rows`` rows (a group normalisation's (B, C, H, W) output in rows of (B, G)): aligned
+    when, counted row-major, every element it touches lies in the block's own row of
+    ``size / rows`` elements."""
+    size = prod(shape)
+    ana = _bound(info)
+    if is_symbolic(size) or is_symbolic(rows) or size % rows \
+            or not all(ana.can_prove_equal(r.extent, 1) for r in dims):
+        return RowAccess.OTHER
+    mine = _row_index([i.var for i in info.row_iters], [i.size for i in info.row_iters])
+    flat = _row_index([r.min for r in dims], [tirx.IntImm("int64", n) for n in shape])
+    if mine is None or flat is None:
+        return RowAccess.OTHER
+    length = tirx.IntImm(flat.ty.dtype, size // rows)
+    if ana.can_prove_equal(tirx.floordiv(flat, length), mine.astype(flat.ty.dtype)):
+        return RowAccess.ALIGNED
+    return RowAccess.OTHER
 
 
 def permuted_row(info: BlockRows, region: tvm.ir.TensorRegion, rows: int) -> bool:

@@ -276,19 +276,37 @@ def is_combine(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
     return annotations is not None and COMBINE_ATTR in annotations
 
 
-def split_options(rows: int, length: int, wave: int, threads: int) -> list[int]:
+def split_options(rows: int, length: int, wave: int, threads: int,
+                  shapes: tuple[tuple[int, ...], ...] = ()) -> list[int]:
     """Every number of parts per row task splitting may take, ascending: sub-rows that fit
     one ``wave`` of blocks, each at least ``threads`` elements long (a divisor of
-    ``length``)."""
+    ``length``) and a box of every row shape of ``shapes`` (``aligned_part``), as
+    ``split_rows`` needs each to split."""
     return [parts for parts in range(2, length // threads + 1)
-            if length % parts == 0 and rows * parts <= wave]
+            if length % parts == 0 and rows * parts <= wave
+            and all(prod(shape) % parts == 0 and aligned_part(prod(shape) // parts, shape)
+                    for shape in shapes)]
 
 
-def split_parts(rows: int, length: int, wave: int, threads: int) -> int:
+def aligned_part(chunk: int, shape: tuple[int, ...]) -> bool:
+    """Whether consecutive ``chunk`` elements of a row of ``shape`` (row-major) make a box:
+    whole trailing dims times a divisor of the dim before them. Only then do a sub-row's
+    accesses cover a box TVM's region analysis can bound; a sub-row of two and a half
+    channels of a group normalisation's (C / G, H, W) is staged as the whole row."""
+    inner = 1
+    for extent in reversed(shape):
+        if chunk <= inner * extent:
+            return chunk % inner == 0 and extent % (chunk // inner) == 0
+        inner *= extent
+    return chunk % inner == 0
+
+
+def split_parts(rows: int, length: int, wave: int, threads: int,
+                shapes: tuple[tuple[int, ...], ...] = ()) -> int:
     """Parts per row for task splitting: the most of ``split_options``; 1 when splitting
     would not give more blocks."""
-    return max(split_options(rows, length, wave, threads), default=1)
+    return max(split_options(rows, length, wave, threads, shapes), default=1)
 
 
 __all__ = ["COMBINE_ATTR", "split_rows", "combine_per_reader", "is_combine", "split_options",
-           "split_parts"]
+           "split_parts", "aligned_part"]

@@ -61,12 +61,13 @@ from ..occupancy import device_of, kernel_shared_bytes
 from ..phases import column_reductions
 from ..row_permutation import permute_rows
 from ..rows import Unstitchable, error_summary
+from ..rows_first import rows_first
 from ..vectors import lane_blocks, scalar_blocks, vector_reads
 from .flat import decide_flat
 from .global_stitch import decide_global
 from .row_walk import decide_row_walk, walk_rows
 from .rows import decide_rows
-from .split import decide_split
+from .split import split_candidates
 from .state import launch_of
 
 logger = logging.getLogger(__name__)
@@ -175,7 +176,7 @@ def _decide(func: tirx.PrimFunc, group: Group, rows: int | None, target: Target 
     gpu = device_of(target)
     fused, func = func, with_online_softmax(prepare(func), online)
     if rows is not None:
-        func, moves = permute_rows(func)
+        func, moves = permute_rows(rows_first(func, rows))
         group = replace(group, permuted_copies=moves.copies, permuted_outputs=moves.outputs)
     sch = s_tir.Schedule(func)
     add_unit_loops(sch)
@@ -185,18 +186,19 @@ def _decide(func: tirx.PrimFunc, group: Group, rows: int | None, target: Target 
     elif column_reductions(sch, rows):
         done = decide_global(sch, func, group, rows, budget, max_threads, gpu)
     else:
-        split = decide_split(func, group, rows, budget, max_threads, gpu)
-        if split is None and (choices.split_parts or 1) > 1:
-            raise Unstitchable(f"the rows cannot be split in {choices.split_parts} parts")
-        if split is not None:
+        failure = None
+        for split in split_candidates(func, group, rows, budget, max_threads, gpu):
             try:
                 return _built(fused, split, target, gpu)
-            except (Unstitchable, ValueError) as err:  # a block per row instead
-                if choices.split_parts:
-                    raise Unstitchable(f"task splitting in {choices.split_parts} parts does "
-                                       f"not build: {error_summary(err)}") from err
+            except (Unstitchable, ValueError) as err:  # the next, or a block per row
+                failure = err
                 logger.debug("task splitting of %s does not build: %s", group.ops,
                              error_summary(err))
+        if failure is not None and choices.split_parts:
+            raise Unstitchable(f"task splitting in {choices.split_parts} parts does not "
+                               f"build: {error_summary(failure)}") from failure
+        if (choices.split_parts or 1) > 1:
+            raise Unstitchable(f"the rows cannot be split in {choices.split_parts} parts")
         reused = cache_reused_outputs(sch, func, SHARED)
         done = decide_rows(sch, func, group, rows, reused, budget, max_threads, gpu)
         if done.mapping.length_bound:

@@ -95,7 +95,9 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
     rows, except in rows split into ``split`` sub-rows (task splitting), which write their
     row's elements by design.
     """
-    check_applicable(group.choices, GLOBAL_CHOICES - ({"threads_per_row"} if threads else set()),
+    fixed_elsewhere = threads and group.choices.threads_per_row not in (None, threads)
+    check_applicable(group.choices, GLOBAL_CHOICES - ({"threads_per_row"} if fixed_elsewhere
+                                                      else set()),
                      "a split row" if split > 1 else "a Global")
     symbolic = is_symbolic(rows)
     if symbolic and split > 1:
@@ -123,6 +125,8 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
     reread_chosen(dec, choices)
     dec.reductions = sum(1 for info in infos.values() if info.is_reduction)
     length = max([i.elements for i in infos.values()] + list(roles.columns.values()))
+    if split > 1:
+        _unstage_broadcasts(func, dec, length)
     per_row = threads or chosen_threads(row_mapping(rows, length, 1, max_threads, gpu)
                                         .threads_per_row, choices.threads_per_row, max_threads,
                                         "threads per row")
@@ -204,12 +208,14 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
     mapping = replace(mapping, row_tiles=tiles, row_steps=MIN_TILE_ROWS) if symbolic \
         else replace(mapping, row_steps=rows // tiles)
     for b in list(dec.block_shared):
-        # a run-time tile may start anywhere: only what every row reads alike serves it
-        if (b.span != rows) if symbolic else b.span % mapping.row_steps:
+        # a run-time tile may start anywhere: only what every row reads alike serves it; a
+        # sub-row reads a slice of what its row shares (a group normalisation's channels)
+        if split > 1 or ((b.span != rows) if symbolic else b.span % mapping.row_steps):
             dec.block_shared.remove(b)
             dec.global_reads.append(Buffer(b.name, BufferRole.INPUT, StorageLevel.GLOBAL, 0,
                                            f"shared by runs of {b.span} rows, not by the "
-                                           + ("rows of a run-time tile" if symbolic else
+                                           + ("sub-rows of a split row" if split > 1 else
+                                              "rows of a run-time tile" if symbolic else
                                               f"{mapping.row_steps} rows of a tile")))
     phases = _phases(roles, tiles, mapping.threads_per_block, column_tiles,
                      {b.block for b in staged})
@@ -246,6 +252,19 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
                    shared_bytes=shared, shared_budget=budget,
                    demotions=tuple(dec.demotions), launch=replace(launch, grid=grid),
                    phases=phases)
+
+
+def _unstage_broadcasts(func: tirx.PrimFunc, dec: Decisions, length: int) -> None:
+    """Read from global memory the inputs of a split row group that are staged per sub-row
+    although shorter than one (a group normalisation's scale and shift, a few channels per
+    sub-row, broadcast over each channel's map): task splitting lays out as sub-rows only
+    what is as long as the row."""
+    params = {p.name: p for p in buffer_params(func)}
+    for s in list(dec.staged):
+        if s.role is BufferRole.INPUT and s.per_row < length * bytes_of(params[s.name]):
+            dec.staged.remove(s)
+            dec.global_reads.append(Buffer(s.name, BufferRole.INPUT, StorageLevel.GLOBAL, 0,
+                                           "broadcast over a sub-row of a split row"))
 
 
 def _kept_across_barriers(sch: s_tir.Schedule, func: tirx.PrimFunc, roles: Roles,

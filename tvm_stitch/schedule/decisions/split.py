@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from dataclasses import replace
 
 from tvm import s_tir, tirx
@@ -13,6 +14,7 @@ from ...symbolic import is_symbolic
 from ..blocks import add_unit_loops, child_blocks
 from ..rows import block_rows, error_summary
 from ..task_split import split_options, split_parts, split_rows
+from .chosen import chosen_threads
 from .global_stitch import decide_global
 from .state import launch_of
 
@@ -27,31 +29,47 @@ SPLIT_MIN_LENGTH = 2048
 """Rows shorter than this are never split (a block per row is then short work anyway)."""
 
 
-def decide_split(func: tirx.PrimFunc, group: Group, rows: int, budget: int,
-                 max_threads: int, gpu: GPU) -> Group | None:
+def split_candidates(func: tirx.PrimFunc, group: Group, rows: int, budget: int,
+                     max_threads: int, gpu: GPU) -> Iterator[Group]:
     """Task splitting: a row group with fewer rows than the GPU has SMs, and long rows, split
     each row over several blocks (``task_split``) and stitched Globally over the sub-rows;
-    None when the rows should not or cannot be split (a block per row then)."""
+    the decided groups in the order to try them (the first that builds is taken), none when
+    the rows should not or cannot be split (a block per row then).
+
+    Blocks take ``SPLIT_THREADS`` threads, or as many as a block may have (a group
+    normalisation's sub-rows of 20480 elements would keep 40 of the input they read in both
+    phases in each thread's registers, 20 with 1024 threads), or the threads per row
+    ``group.choices`` fix."""
     chosen = group.choices.split_parts
     if chosen == 1:
-        return None
+        return
     sch = s_tir.Schedule(func)
     add_unit_loops(sch)
-    length = max(block_rows(sch, b, rows).elements for b in child_blocks(sch))
-    threads = min(SPLIT_THREADS, max_threads)
+    infos = [block_rows(sch, b, rows) for b in child_blocks(sch)]
+    length = max(info.elements for info in infos)
     if rows >= gpu.sms or length < SPLIT_MIN_LENGTH or is_symbolic(length):
-        return None
-    wave = launch_of(gpu, threads, 0).wave
-    if chosen is not None and chosen not in split_options(rows, length, wave, threads):
-        return None
-    parts = chosen or split_parts(rows, length, wave, threads)
-    if parts == 1:
-        return None
-    try:
-        split_rows(sch, func, rows, parts)
-        done = decide_global(sch, func, group, rows * parts, budget, max_threads, gpu,
-                             threads=threads, split=parts)
-    except Exception as err:  # noqa: BLE001 - cannot split: a block per row instead
-        logger.debug("no task splitting for %s: %s", group.ops, error_summary(err))
-        return None
-    return replace(done, row_split=parts)
+        return
+    shapes = tuple({tuple(i.extent for i in info.element_iters) for info in infos
+                    if info.elements > 1})
+    fixed = group.choices.threads_per_row
+    options = [chosen_threads(0, fixed, max_threads, "threads per row")] if fixed \
+        else list(dict.fromkeys([min(SPLIT_THREADS, max_threads), max_threads]))
+    for threads in options:
+        wave = launch_of(gpu, threads, 0).wave
+        if chosen is not None and chosen not in split_options(rows, length, wave, threads,
+                                                              shapes):
+            continue
+        parts = chosen or split_parts(rows, length, wave, threads, shapes)
+        if parts == 1:
+            continue
+        parted = s_tir.Schedule(func)
+        add_unit_loops(parted)
+        try:
+            split_rows(parted, func, rows, parts)
+            done = decide_global(parted, func, group, rows * parts, budget, max_threads, gpu,
+                                 threads=threads, split=parts)
+        except Exception as err:  # noqa: BLE001 - cannot split: a block per row instead
+            logger.debug("no task splitting for %s on %d threads: %s", group.ops, threads,
+                         error_summary(err))
+            continue
+        yield replace(done, row_split=parts)
