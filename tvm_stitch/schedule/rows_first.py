@@ -35,7 +35,7 @@ def rows_first(func: tirx.PrimFunc, rows: int) -> tirx.PrimFunc:
     if is_symbolic(rows):
         return func
     sch = s_tir.Schedule(func)
-    changed = False
+    inlined, split = False, []
     elements = {name_of(sch, b): _row_elements(sch, b, rows) for b in child_blocks(sch)}
     length = max(filter(None, elements.values()), default=0)
     for name, count in elements.items():
@@ -46,16 +46,17 @@ def rows_first(func: tirx.PrimFunc, rows: int) -> tirx.PrimFunc:
         # (the scale of a group normalisation of a single sample as (G, C / G))
         if _copies_a_parameter(sch, func, block):
             sch.compute_inline(block)
-            changed = True
+            inlined = True
         elif count is None and _split_to_rows(sch, block, rows):
-            changed = True
+            split.append(name)
+    # only what the split blocks write: a column sum's buffer of a Global group is no row
     params = {p.name for p in buffer_params(func)}
-    for name in [name_of(sch, b) for b in child_blocks(sch)]:
+    for name in split:
         block = sch.get_sblock(name)
         written = sch.get(block).writes
         if len(written) == 1 and written[0].source.name not in params:
-            changed |= _split_buffer(sch, block, written[0].source, rows)
-    return sch.mod["main"] if changed else func
+            _split_buffer(sch, block, written[0].source, rows)
+    return sch.mod["main"] if inlined or split else func
 
 
 def _row_elements(sch: s_tir.Schedule, block: SBlockRV, rows: int) -> int | None:
@@ -109,27 +110,25 @@ def _split_to_rows(sch: s_tir.Schedule, block: SBlockRV, rows: int) -> bool:
     return False
 
 
-def _split_buffer(sch: s_tir.Schedule, block: SBlockRV, buffer: tirx.Buffer, rows: int) -> bool:
+def _split_buffer(sch: s_tir.Schedule, block: SBlockRV, buffer: tirx.Buffer, rows: int) -> None:
     """Lay out ``buffer``, an intermediate ``block`` writes, with the dim at which the
     product of its leading dims passes ``rows`` split, as ``_split_to_rows`` splits
     iterators: (B, C, H, W) as (B, G, C / G, H, W), so that its rows are a prefix and one
-    row's (or sub-row's) region is a box; whether it did."""
+    row's (or sub-row's) region is a box; where it can."""
     shape = list(buffer.shape)
     if not all(isinstance(d, tirx.IntImm) for d in shape) \
             or prefix_split([int(d) for d in shape], rows) is not None:
-        return False
+        return
     size = 1
     for k, extent in enumerate(int(d) for d in shape):
         if size * extent > rows:
             outer = rows // size
-            if rows % size or extent % outer:
-                return False
-            sch.transform_layout(block, ("write", 0), tirx.IndexMap.from_func(
-                _split_at(k, extent // outer), ndim=len(shape),
-                index_dtype=str(shape[k].ty.dtype)))
-            return True
+            if rows % size == 0 and extent % outer == 0:
+                sch.transform_layout(block, ("write", 0), tirx.IndexMap.from_func(
+                    _split_at(k, extent // outer), ndim=len(shape),
+                    index_dtype=str(shape[k].ty.dtype)))
+            return
         size *= extent
-    return False
 
 
 def _split_at(at: int, inner: int):
