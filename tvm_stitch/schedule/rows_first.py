@@ -26,7 +26,7 @@ from tvm.s_tir.schedule import SBlockRV
 
 from ..symbolic import is_symbolic
 from .blocks import buffer_params, child_blocks, name_of
-from .rows import Unstitchable, block_rows, iters_of, prefix_split
+from .rows import Unstitchable, block_rows, iters_of
 
 
 def rows_first(func: tirx.PrimFunc, rows: int) -> tirx.PrimFunc:
@@ -92,22 +92,13 @@ def _split_to_rows(sch: s_tir.Schedule, block: SBlockRV, rows: int) -> bool:
         iters = iters_of(sch, block)
     except Unstitchable:
         return False
-    size = 1
-    for k, it in enumerate(iters):
-        if it.kind != "S" or is_symbolic(it.extent):
-            return False
-        if size * it.extent > rows:
-            outer = rows // size
-            if rows % size or it.extent % outer:
-                return False
-            sch.transform_block_layout(block, tirx.IndexMap.from_func(
-                _split_at(k, it.extent // outer), ndim=len(iters),
-                index_dtype=str(it.var.ty.dtype)))
-            return _in_row_form(sch, block, rows)
-        size *= it.extent
-        if size == rows:
-            return False  # a prefix covers the rows: something else keeps it from row form
-    return False
+    point = _split_point([it.extent if it.kind == "S" and not is_symbolic(it.extent) else None
+                          for it in iters], rows)
+    if point is None:
+        return False
+    sch.transform_block_layout(block, tirx.IndexMap.from_func(
+        _split_at(*point), ndim=len(iters), index_dtype=str(iters[point[0]].var.ty.dtype)))
+    return _in_row_form(sch, block, rows)
 
 
 def _split_buffer(sch: s_tir.Schedule, block: SBlockRV, buffer: tirx.Buffer, rows: int) -> None:
@@ -116,19 +107,30 @@ def _split_buffer(sch: s_tir.Schedule, block: SBlockRV, buffer: tirx.Buffer, row
     iterators: (B, C, H, W) as (B, G, C / G, H, W), so that its rows are a prefix and one
     row's (or sub-row's) region is a box; where it can."""
     shape = list(buffer.shape)
-    if not all(isinstance(d, tirx.IntImm) for d in shape) \
-            or prefix_split([int(d) for d in shape], rows) is not None:
-        return
+    if rows == 1 or not all(isinstance(d, tirx.IntImm) for d in shape):
+        return  # one row: every buffer is in its row already
+    point = _split_point([int(d) for d in shape], rows)
+    if point is not None:
+        sch.transform_layout(block, ("write", 0), tirx.IndexMap.from_func(
+            _split_at(*point), ndim=len(shape), index_dtype=str(shape[point[0]].ty.dtype)))
+
+
+def _split_point(extents: list[int | None], rows: int) -> tuple[int, int] | None:
+    """(dim, inner extent) at which to split ``extents`` so that a prefix covers ``rows``
+    exactly: the dim where the product of the leading ones passes ``rows``, split into
+    (rows / product before it, inner). None when a prefix covers them already, the sizes
+    do not divide, or an extent before the point is None (not splittable)."""
     size = 1
-    for k, extent in enumerate(int(d) for d in shape):
+    for k, extent in enumerate(extents):
+        if extent is None:
+            return None
         if size * extent > rows:
             outer = rows // size
-            if rows % size == 0 and extent % outer == 0:
-                sch.transform_layout(block, ("write", 0), tirx.IndexMap.from_func(
-                    _split_at(k, extent // outer), ndim=len(shape),
-                    index_dtype=str(shape[k].ty.dtype)))
-            return
+            return (k, extent // outer) if rows % size == 0 and extent % outer == 0 else None
         size *= extent
+        if size == rows:
+            return None
+    return None
 
 
 def _split_at(at: int, inner: int):
