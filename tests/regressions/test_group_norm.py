@@ -85,16 +85,22 @@ def test_stable_diffusion_group_norm_splits_its_rows(batch: int) -> None:
     # about a minute and a half on one core: the compile tries split candidates until one
     # builds, and nvcc builds the kernel for two architectures
     # (B, 320, 64, 64) in 32 groups: rows of 40960 elements, 160 KB, more than a block's
-    # shared memory; fewer rows than SMs. Each row is split over 2 blocks at whole channels
-    # (5 of its 10), 1024 threads each, on a persistent grid with one grid barrier. TVM's
-    # kernel runs on B blocks.
+    # shared memory; fewer rows than SMs. Each row is split over blocks at whole channels
+    # (5 or 2 of its 10: 2 at batch 2, where 5 would be more blocks than one wave holds),
+    # on a persistent grid with one grid barrier, at most 20 elements of a row per thread
+    # (more stay in registers). TVM's kernel runs on B blocks.
     built = _group_norm([batch, 320, 64, 64], 32, silu=True)
     stitched = verify.compile_model(built, "stitch")
     plan = StitchPlan.of_module(stitched)
     assert not plan.fallbacks and len(plan.groups) == 1, plan
     (group,) = plan.groups
-    assert group.row_split == 2 and group.mapping.rows == batch * 32 * 2, plan
-    assert group.mapping.threads_per_row == 1024, plan
+    parts = group.row_split
+    assert parts in (2, 5) and group.mapping.rows == batch * 32 * parts, plan
+    assert group.mapping.row_length // group.mapping.threads_per_row <= 20, plan
+    # inlining the reshapes into blocks whose layouts were split composed index maps that
+    # grew with each one: 21 MB of TIR for this kernel and two minutes to compile, until
+    # every inlining simplified its readers (``blocks.inline``); 6 KB now
+    assert len(stitched[group.function].script()) < 50_000
     stitch = analyze(stitched)
     baseline = analyze(verify.compile_model(built, "baseline"))
     assert len(stitch.kernels) == len(baseline.kernels) == 1

@@ -55,6 +55,7 @@ from .blocks import (
     add_unit_loops,
     cache_reused_outputs,
     child_blocks,
+    inline,
     name_of,
     prepare,
     readers,
@@ -243,7 +244,7 @@ def _apply_storage(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group) -> li
     memory, give Regional intermediates their on-chip scope and stage inputs; returns the
     caches staged once per thread block."""
     for name in group.inlined:
-        sch.compute_inline(sch.get_sblock(name))
+        inline(sch, sch.get_sblock(name))
     _copy_across_barriers(sch, group)
     block_caches: list[str] = []
     for buf in group.buffers:

@@ -31,7 +31,7 @@ from tvm import s_tir, tirx
 from tvm.sym import Analyzer
 
 from ..symbolic import dim_value
-from .blocks import child_blocks, name_of, readers
+from .blocks import child_blocks, inline, name_of, readers
 
 
 def _copy_source(stmt: s_tir.stmt.SBlock) -> tvm.ir.TensorLoad | None:
@@ -117,7 +117,7 @@ def permute_rows(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, RowPermutation]:
     if not chain:
         return func, RowPermutation()
     for name in chain:
-        sch.compute_inline(sch.get_sblock(name))
+        inline(sch, sch.get_sblock(name))
     params = {p.name for p in func.params}
     moved = []
     for block in child_blocks(sch):

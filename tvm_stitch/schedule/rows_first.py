@@ -25,7 +25,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir.schedule import SBlockRV
 
 from ..symbolic import is_symbolic
-from .blocks import buffer_params, child_blocks, name_of
+from .blocks import buffer_params, child_blocks, inline, name_of
 from .rows import Unstitchable, block_rows, iters_of
 
 
@@ -45,7 +45,7 @@ def rows_first(func: tirx.PrimFunc, rows: int) -> tirx.PrimFunc:
         # a copy of a parameter that is not in row form, or a short one in rows by chance
         # (the scale of a group normalisation of a single sample as (G, C / G))
         if _copies_a_parameter(sch, func, block):
-            sch.compute_inline(block)
+            inline(sch, block)
             inlined = True
         elif count is None and _split_to_rows(sch, block, rows):
             split.append(name)

@@ -25,9 +25,8 @@ from math import prod
 import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
-from tvm.sym import Analyzer
 
-from .blocks import child_blocks, name_of, readers
+from .blocks import child_blocks, name_of, readers, simplified_accesses
 from .layout import flatten_rows
 from .persistent import blocks_in, root_statements, with_root
 from .rows import Unstitchable, block_rows
@@ -219,30 +218,12 @@ def _plain_reads(stmt: tirx.Stmt, buffers: set[str]) -> tirx.Stmt:
     """``stmt`` with the indices its blocks read ``buffers`` (by name) at simplified with the
     blocks' domains: an inlined producer's composition of layouts, such as
     ``(e // 600 + s % 5) // 5 + s // 5``, is the plain row ``s // 5`` again, so that a
-    combination computed at the reader's row (``compute_at``) is that one row."""
-
-    def on_block(block: s_tir.stmt.SBlock) -> s_tir.stmt.SBlock:
-        ana = Analyzer()
-        for iv in block.iter_vars:
-            ana.bind(iv.var, iv.dom)
-        # not what the block writes itself: a combination's update must load where it stores
-        # (a row of one element: ``sum[v] = sum[0] + ...`` matched no reducer, fuzz 4242:1223)
-        mine = buffers - {w.source.name for w in block.writes}
-
-        def on_load(load: tvm.ir.TensorLoad) -> tvm.ir.TensorLoad:
-            if load.source.name not in mine:
-                return load
-            return tirx.BufferLoad(load.source, [ana.simplify(i) for i in load.indices])
-
-        reads = [tirx.BufferRegion(r.source, [tvm.ir.Range.from_min_extent(
-            ana.simplify(d.min), d.extent) for d in r.region]) if r.source.name in mine
-            else r for r in block.reads]
-        body = tvm_ffi.structural_map(block.body, [(tvm.ir.TensorLoad, on_load)])
-        return s_tir.stmt.SBlock(block.iter_vars, reads, block.writes, block.name_hint, body,
-                                 block.init, block.alloc_buffers, block.match_buffers,
-                                 block.annotations)
-
-    return tvm_ffi.structural_map(stmt, [(s_tir.stmt.SBlock, on_block)])
+    combination computed at the reader's row (``compute_at``) is that one row. Not what the
+    block writes itself: a combination's update must load where it stores (a row of one
+    element: ``sum[v] = sum[0] + ...`` matched no reducer, fuzz 4242:1223)."""
+    return simplified_accesses(
+        stmt, lambda block, buffer: buffer.name in buffers
+        and all(w.source.name != buffer.name for w in block.writes), writes=False)
 
 
 def _with_buffers(stmt: tirx.Stmt, new: dict[tirx.Buffer, tirx.Buffer]) -> tirx.Stmt:

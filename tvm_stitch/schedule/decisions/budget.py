@@ -8,6 +8,7 @@ from dataclasses import replace
 from tvm import s_tir
 
 from ...plan import Buffer, BufferRole, Demotion, DemotionKind, StorageLevel, ThreadMapping
+from ..blocks import inline
 from ..mapping import with_rows_per_block
 from ..rows import Unstitchable
 from .state import Decisions, Staging, bytes_of, shared_bytes_of
@@ -50,7 +51,7 @@ def fit_budget(sch: s_tir.Schedule, dec: Decisions, mapping: ThreadMapping,
         elif dec.regional:
             victim = max(dec.regional, key=lambda s: s.per_row)
             try:
-                sch.compute_inline(sch.get_sblock(victim.block))
+                inline(sch, sch.get_sblock(victim.block))
             except Exception as err:  # noqa: BLE001
                 raise Unstitchable(
                     f"{used} B of shared memory > {budget} B and {victim.name} cannot be "

@@ -15,6 +15,7 @@ from ..blocks import (
     LOCAL,
     buffer_params,
     child_blocks,
+    inline,
     load_count,
     name_of,
     readers,
@@ -62,7 +63,7 @@ def decide_flat(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, reused: 
                                name))
             continue
         try:
-            sch.compute_inline(block)
+            inline(sch, block)
         except Exception as err:  # noqa: BLE001
             raise Unstitchable(f"element-wise block {name} cannot be inlined: "
                                f"{error_summary(err)}") from err

@@ -28,6 +28,7 @@ from ..blocks import (
     SHARED,
     buffer_params,
     cache_reused_outputs,
+    inline,
     load_count,
     name_of,
     readers,
@@ -408,7 +409,7 @@ def _inline_column_space(sch: s_tir.Schedule, func: tirx.PrimFunc, roles: Roles,
             if (users and kinds == {BlockRole.ROW} and _of_combinations(sch, roles, block)
                     if combinations else len(users) == 1 and kinds == {BlockRole.COLUMN_SPACE}
                     and load_count(sch, users[0], buffer) == 1):
-                sch.compute_inline(block)
+                inline(sch, block)
                 dec.inlined.append(name)
 
 
@@ -436,7 +437,7 @@ def _inline_crossings(sch: s_tir.Schedule, rows: int, dec: Decisions) -> Roles:
             kept.append(producer)
             continue
         try:
-            sch.compute_inline(sch.get_sblock(producer))
+            inline(sch, sch.get_sblock(producer))
         except Exception as err:  # noqa: BLE001
             raise Unstitchable(f"{producer} is read by {consumer} after a grid barrier and "
                                f"cannot be recomputed: {error_summary(err)}") from err

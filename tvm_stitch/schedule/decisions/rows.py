@@ -15,6 +15,7 @@ from ...target import WARP_SIZE
 from ..blocks import (
     buffer_params,
     child_blocks,
+    inline,
     load_count,
     name_of,
     readers,
@@ -222,7 +223,7 @@ def decide_inlining(sch: s_tir.Schedule, func: tirx.PrimFunc, infos: dict[str, B
         gathered = len(readers(sch, buffer, exclude=block, affine=True)) < len(users)
         if gathered or not info.element_iters or (len(users) == 1 and sites == 1):
             try:
-                sch.compute_inline(block)
+                inline(sch, block)
                 dec.inlined.append(name)
                 continue
             except Exception as err:  # noqa: BLE001 - not inlinable: keep it Regional
@@ -291,7 +292,7 @@ def _unbounded_rows(sch: s_tir.Schedule, dec: Decisions) -> None:
     dec.block_shared = [b for b in dec.block_shared if not is_symbolic(b.size)]
     for s in list(dec.regional):
         try:
-            sch.compute_inline(sch.get_sblock(s.block))
+            inline(sch, sch.get_sblock(s.block))
         except Exception as err:  # noqa: BLE001 - not inlinable: no stitching
             raise Unstitchable(f"{s.name} is read at several places of a row of symbolic "
                                "length, which cannot be staged, and cannot be recomputed: "
