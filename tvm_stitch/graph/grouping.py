@@ -38,13 +38,16 @@ class _Cluster:
     row_counts: frozenset[int] | None  # row counts every op's output splits into (None: any)
     whole: int | None = None  # elements its reductions to a single value reduce, if any
     split_counts: frozenset[int] | None = None  # those when a dim may be split, as row_counts
+    regrouped: frozenset[int] = frozenset()  # row counts its reshapes split an input dim at
 
     @property
     def splits_a_dim(self) -> bool:
         """Whether its rows split a dim of its ops' outputs (a group normalisation's (B, G)
-        of (B, C, H, W)): only then may ops join whose outputs split so as well."""
-        return self.rows is not None and self.row_counts is not None \
-            and self.rows not in self.row_counts
+        of (B, C, H, W)) or of what a reshape of it reads (the same normalisation as an
+        instance normalisation of (B, G, C / G x H x W)): only then may ops join whose
+        outputs split so as well."""
+        return self.rows is not None and (self.rows in self.regrouped or (
+            self.row_counts is not None and self.rows not in self.row_counts))
 
     @property
     def first(self) -> int:
@@ -315,7 +318,8 @@ def _singleton(node: Node, column: bool) -> _Cluster:
     if _reduces_to_one(node):
         return _Cluster(1 << node.index, None, counts, whole=info.row_length, split_counts=split)
     reduces = info.kind in (OpKind.ROW_REDUCE, OpKind.COLUMN_REDUCE)
-    return _Cluster(1 << node.index, info.rows if reduces else None, counts, split_counts=split)
+    return _Cluster(1 << node.index, info.rows if reduces else None, counts, split_counts=split,
+                    regrouped=frozenset() if column else info.regrouped_counts)
 
 
 def _common_counts(a: frozenset[int] | None, b: frozenset[int] | None) -> frozenset[int] | None:
@@ -355,7 +359,8 @@ def _merge(quotient: _Quotient, a: _Cluster, b: _Cluster, ua: int, ub: int
         through = quotient.detour(x, y)
         if through is not None:
             return None, f"cycle through {quotient.graph.nodes[through].label}"
-    return _Cluster(a.members | b.members, rows, counts, a.whole or b.whole, split), ""
+    return _Cluster(a.members | b.members, rows, counts, a.whole or b.whole, split,
+                    a.regrouped | b.regrouped), ""
 
 
 def _emittable(c: _Cluster) -> bool:

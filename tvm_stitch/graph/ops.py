@@ -11,7 +11,7 @@ transcendental functions.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from math import isqrt, prod
 
@@ -75,6 +75,7 @@ class OpInfo:
     detail: str = ""
     unsupported: str = ""
     copy: Copy | None = None
+    in_shape: tuple[int, ...] = ()  # of its one input, for a copy
 
     @property
     def out_size(self) -> int:
@@ -103,6 +104,18 @@ class OpInfo:
             counts.update(size * k for k in ((1, d) if is_symbolic(d) else _divisors(d)))
             size *= d
         return frozenset(counts)
+
+
+    @property
+    def regrouped_counts(self) -> frozenset[int]:
+        """Row counts of a reshape's output that split a dim of its input: (B, G) of a
+        reshape of (B, C, H, W) to (B, G, C / G x H x W), as a group normalisation exported
+        as an instance normalisation reads its input (torch's ``GroupNorm`` to ONNX before
+        opset 18). Its rows then split a dim as a ``GroupNormalization``'s do."""
+        if self.copy is not Copy.VIEW or not self.in_shape:
+            return frozenset()
+        read = replace(self, out_shape=self.in_shape)
+        return self.row_counts & (read.split_row_counts - read.row_counts)
 
 
 @functools.cache
@@ -164,7 +177,9 @@ def classify(func: tirx.PrimFunc, num_outputs: int = 1) -> OpInfo:
     if not reductions:
         if pattern in (ELEMWISE, BROADCAST, INJECTIVE):
             kind = (OpKind.ELEMWISE, OpKind.BROADCAST, OpKind.INJECTIVE)[pattern]
-            return OpInfo(kind, **base, copy=copy_kind(func))
+            copy = copy_kind(func)
+            return OpInfo(kind, **base, copy=copy,
+                          in_shape=shape_values(inputs[0].shape) if copy else ())
         return OpInfo(OpKind.COMPUTE, **{**base, "detail": "out-fusable op without a reduction"})
     for b in reductions:
         reused = _reused_input(b)

@@ -282,12 +282,5 @@ def aligned_part(chunk: int, shape: tuple[int, ...]) -> bool:
     return chunk % inner == 0
 
 
-def split_parts(rows: int, length: int, wave: int, threads: int,
-                shapes: tuple[tuple[int, ...], ...] = ()) -> int:
-    """Parts per row for task splitting: the most of ``split_options``; 1 when splitting
-    would not give more blocks."""
-    return max(split_options(rows, length, wave, threads, shapes), default=1)
-
-
 __all__ = ["COMBINE_ATTR", "split_rows", "combine_per_reader", "is_combine", "split_options",
-           "split_parts", "aligned_part"]
+           "aligned_part"]

@@ -13,7 +13,7 @@ from ...plan import Group
 from ...symbolic import is_symbolic
 from ..blocks import add_unit_loops, child_blocks
 from ..rows import block_rows, error_summary
-from ..task_split import split_options, split_parts, split_rows
+from ..task_split import split_options, split_rows
 from .chosen import chosen_threads
 from .global_stitch import decide_global
 from .state import launch_of
@@ -25,6 +25,11 @@ SPLIT_THREADS = 512
 elements."""
 
 
+SPLIT_TRIES = 4
+"""Most part counts tried per block size, the most parts first (each try decides a Global
+group)."""
+
+
 SPLIT_MIN_LENGTH = 2048
 """Rows shorter than this are never split (a block per row is then short work anyway)."""
 
@@ -34,7 +39,10 @@ def split_candidates(func: tirx.PrimFunc, group: Group, rows: int, budget: int,
     """Task splitting: a row group with fewer rows than the GPU has SMs, and long rows, split
     each row over several blocks (``task_split``) and stitched Globally over the sub-rows;
     the decided groups in the order to try them (the first that builds is taken), none when
-    the rows should not or cannot be split (a block per row then).
+    the rows should not or cannot be split (a block per row then). The most parts come
+    first, fewer where those do not decide (sub-rows of 65536 on 512 threads would keep 128
+    elements of an input read twice in each thread's registers; of 131072, the loop is
+    rolled and reads it again).
 
     Blocks take ``SPLIT_THREADS`` threads, or as many as a block may have (a group
     normalisation's sub-rows of 20480 elements would keep 40 of the input they read in both
@@ -56,20 +64,18 @@ def split_candidates(func: tirx.PrimFunc, group: Group, rows: int, budget: int,
         else list(dict.fromkeys([min(SPLIT_THREADS, max_threads), max_threads]))
     for threads in options:
         wave = launch_of(gpu, threads, 0).wave
-        if chosen is not None and chosen not in split_options(rows, length, wave, threads,
-                                                              shapes):
+        found = split_options(rows, length, wave, threads, shapes)
+        if chosen is not None and chosen not in found:
             continue
-        parts = chosen or split_parts(rows, length, wave, threads, shapes)
-        if parts == 1:
-            continue
-        parted = s_tir.Schedule(func)
-        add_unit_loops(parted)
-        try:
-            split_rows(parted, func, rows, parts)
-            done = decide_global(parted, func, group, rows * parts, budget, max_threads, gpu,
-                                 threads=threads, split=parts)
-        except Exception as err:  # noqa: BLE001 - cannot split: a block per row instead
-            logger.debug("no task splitting for %s on %d threads: %s", group.ops, threads,
-                         error_summary(err))
-            continue
-        yield replace(done, row_split=parts)
+        for parts in [chosen] if chosen else sorted(found, reverse=True)[:SPLIT_TRIES]:
+            parted = s_tir.Schedule(func)
+            add_unit_loops(parted)
+            try:
+                split_rows(parted, func, rows, parts)
+                done = decide_global(parted, func, group, rows * parts, budget, max_threads,
+                                     gpu, threads=threads, split=parts)
+            except Exception as err:  # noqa: BLE001 - cannot split: a block per row instead
+                logger.debug("no task splitting for %s in %d parts on %d threads: %s",
+                             group.ops, parts, threads, error_summary(err))
+                continue
+            yield replace(done, row_split=parts)
