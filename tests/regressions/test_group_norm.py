@@ -147,6 +147,23 @@ def test_stable_diffusion_group_norm_splits_its_rows(batch: int) -> None:
     assert not check_resources(stitched).violations
 
 
+@pytest.mark.parametrize(("spatial", "lane_broadcast"), [([2, 2], True), ([1, 2], False)])
+def test_per_channel_scale_is_a_broadcast_within_a_vector(spatial: list[int],
+                                                          lane_broadcast: bool) -> None:
+    # the normalising block reads the scale and shift of channel e // (H x W) of its row
+    # element e: with H x W = 4 every vector of 4 is one channel, all lanes read one element,
+    # and the block takes vectors (``vectors.aligned_vectors``); with H x W = 2 its lanes
+    # read two channels and it stays scalar. Scalar before, every case: SD's (1, 320, 64,
+    # 64) was 19.5 us estimated, 10.5 us with it vectorised.
+    built = _group_norm([2, 64, *spatial], 8, silu=True)
+    plan = StitchPlan.of_module(verify.compile_model(built, "stitch"))
+    (group,) = plan.groups
+    assert group.mapping.vector == 4, plan
+    assert ("T_add" not in group.scalar_blocks) == lane_broadcast, plan
+    outcome = check_model(built, "stitch")
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+
+
 @pytest.mark.parametrize(("shape", "groups"), [([2, 64, 16, 16], 8), ([2, 128, 32, 32], 32)])
 def test_group_norm_exported_as_instance_norm_is_one_kernel(shape: list[int],
                                                             groups: int) -> None:

@@ -18,21 +18,36 @@ def aligned_vectors(block: s_tir.stmt.SBlock, vector: int) -> bool:
     cannot prove aligned lane by lane, each thread on ``vector`` consecutive elements: a
     warp's load then spans ``vector`` times the cache lines it uses, where a scalar block
     keeps consecutive threads on consecutive elements. Booleans limit the lanes
-    (``MAX_BOOLEAN_LANES``)."""
+    (``MAX_BOOLEAN_LANES``). In a spatial block, an access whose element moves with that
+    iterator but is the same for every lane of a vector is a broadcast too (a group
+    normalisation's scale, one channel per ``H x W`` elements of its row): its lanes read
+    one element."""
     if not block.iter_vars or not lanes_fit_booleans(block, vector):
         return False  # a block of no iterators computes one value: no vector moves
     inner = block.iter_vars[-1]
     extent = inner.dom.extent
     if not isinstance(extent, tirx.IntImm) or int(extent) % vector:
         return False
-    step = tvm.ir.Var("vector_index", inner.var.ty.dtype)
-    at_vector = step * tirx.IntImm(str(inner.var.ty.dtype), vector)
+    dtype = str(inner.var.ty.dtype)
+    step, lane = tvm.ir.Var("vector_index", dtype), tvm.ir.Var("lane", dtype)
+    at_vector = step * tirx.IntImm(dtype, vector)
     ana = Analyzer()
+    for iv in block.iter_vars[:-1]:
+        ana.bind(iv.var, iv.dom)
+    ana.bind(step, tvm.ir.Range(0, int(extent) // vector))
+    ana.bind(lane, tvm.ir.Range(0, vector))
+    spatial = spatial_block(block)
+
+    def at(index: tvm.ir.PrimExpr, value: tvm.ir.PrimExpr) -> tvm.ir.PrimExpr:
+        return tvm_ffi.structural_map(
+            index, [(tvm.ir.Var, lambda v: value if v.same_as(inner.var) else v)])
+
     for region in (*block.reads, *block.writes):
         index = _flat_index(region)
-        moved = tvm_ffi.structural_map(
-            index, [(tvm.ir.Var, lambda v: at_vector if v.same_as(inner.var) else v)])
+        moved = at(index, at_vector)
         if moved.same_as(index):  # the same element for every lane: a broadcast
+            continue
+        if spatial and ana.can_prove_equal(at(index, at_vector + lane), moved):
             continue
         found = ana.modular_set(moved)
         if found.coeff % vector or found.base % vector:
