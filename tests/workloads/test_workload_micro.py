@@ -69,6 +69,14 @@ def _adam(f: Arrays) -> list[np.ndarray]:
     return [f["param"] - step, m, v]
 
 
+def _group_norm_silu(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray) -> np.ndarray:
+    batch, channels = x.shape[:2]
+    grouped = x.reshape(batch, min(32, channels // 8), -1)
+    mean, var = grouped.mean(-1, keepdims=True), grouped.var(-1, keepdims=True)
+    y = ((grouped - mean) / np.sqrt(var + EPS)).reshape(x.shape) * gamma + beta
+    return y / (1 + np.exp(-y))
+
+
 # name -> (feeds, weights) -> expected outputs, in float64
 REFERENCES: dict[str, Callable[[Arrays, Arrays], list[np.ndarray]]] = {
     "softmax": lambda f, w: [_softmax(f["x"])],
@@ -90,6 +98,7 @@ REFERENCES: dict[str, Callable[[Arrays, Arrays], list[np.ndarray]]] = {
     "rowreduce_750000x32": lambda f, w: [f["x"].sum(-1)],
     "softmax_64x30000": lambda f, w: [_softmax(f["x"])],
     "colsum_8192x1024": lambda f, w: [f["x"].sum(0)],
+    "group_norm_silu": lambda f, w: [_group_norm_silu(f["x"], w["gamma"], w["beta"])],
 }
 
 MICRO = workloads.names("micro")

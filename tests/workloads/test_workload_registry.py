@@ -20,6 +20,7 @@ MICRO = [
     "layernorm_softmax_add", "logsoftmax_nll", "cross_entropy_128256", "layernorm_backward",
     "batchnorm_train",
     "adam_update", "rowreduce_750000x32", "softmax_64x30000", "colsum_8192x1024",
+    "group_norm_silu",
 ]
 MODELS = ["bert_layer", "gpt2_block", "llama_block", "t5_block", "dien_block", "swin_block",
           "convnext_block", "mlp_backward", "gpt2_block_fp16", "llama_block_fp16"]

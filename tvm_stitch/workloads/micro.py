@@ -198,6 +198,25 @@ def column_sum(shape: Sequence[int]) -> onnx.ModelProto:
                          column_sum.__doc__)
 
 
+def group_norm_silu(shape: Sequence[int]) -> onnx.ModelProto:
+    """GroupNorm + SiLU over (B, C, H, W) as torch exports it before opset 18 (diffusion
+    U-Nets and VAEs): a reshape to (B, G, C / G x H x W), InstanceNormalization, a reshape
+    back, the per-channel scale and shift, SiLU; 8 channels per group, at most 32 groups."""
+    batch, channels = shape[0], shape[1]
+    groups = min(32, channels // 8)
+
+    def body(b: GraphBuilder, x: str) -> str:
+        grouped = b.op("Reshape", x, b.constant([batch, groups, -1], dtype=np.int64))
+        normed = b.op("InstanceNormalization", grouped, b.constant(np.ones(groups)),
+                      b.constant(np.zeros(groups)), epsilon=EPS)
+        back = b.op("Reshape", normed, b.constant(list(shape), dtype=np.int64))
+        scaled = b.op("Mul", back, b.weight("gamma", (channels, 1, 1), mean=1.0, std=0.1))
+        shifted = b.op("Add", scaled, b.weight("beta", (channels, 1, 1), std=0.1))
+        return b.op("Mul", shifted, b.op("Sigmoid", shifted), outputs=["y"])
+
+    return _single_input("group_norm_silu", shape, body, group_norm_silu.__doc__)
+
+
 def _register(name: str, build: Callable[[Sequence[int]], onnx.ModelProto], ci: Shape,
               real: Shape, description: str | None = None) -> None:
     shapes = {"ci": ci, "real": real}
@@ -237,3 +256,6 @@ _register("softmax_64x30000", softmax, (4, 3000), (64, 30000),
           "Softmax over few very long rows (irregular shape)")
 _register("colsum_8192x1024", column_sum, (256, 128), (8192, 1024),
           "Column sum (ReduceSum over axis 0)")
+_register("group_norm_silu", group_norm_silu, (2, 64, 16, 16), (2, 320, 64, 64),
+          "GroupNorm + SiLU as torch exports it (InstanceNormalization between reshapes), "
+          "32 groups at Stable Diffusion's (2, 320, 64, 64)")
