@@ -105,7 +105,6 @@ class OpInfo:
             size *= d
         return frozenset(counts)
 
-
     @property
     def regrouped_counts(self) -> frozenset[int]:
         """Row counts of a reshape's output that split a dim of its input: (B, G) of a
