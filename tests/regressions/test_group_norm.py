@@ -197,6 +197,7 @@ def test_stable_diffusion_group_norm_exported_as_instance_norm() -> None:
     assert len(stitch.kernels) == 1 < len(baseline.kernels)
     assert stitch.dram_bytes < baseline.dram_bytes
     assert stitch.roofline_us()["H200"] < baseline.roofline_us()["H200"]
+    assert not check_resources(stitched).violations  # nvcc, sm_80 and sm_90
 
 
 def test_vae_group_norm_splits_in_fewer_parts_when_the_most_do_not_fit() -> None:
@@ -212,6 +213,7 @@ def test_vae_group_norm_splits_in_fewer_parts_when_the_most_do_not_fit() -> None
     stitch, baseline = analyze(stitched), analyze(verify.compile_model(built, "baseline"))
     assert stitch.dram_bytes - 100_000 <= baseline.dram_bytes
     assert stitch.roofline_us()["H200"] < 300 < 100 * 300 < baseline.roofline_us()["H200"]
+    assert not check_resources(stitched).violations  # nvcc, sm_80 and sm_90
 
 
 @pytest.mark.slow
