@@ -13,6 +13,7 @@ from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter, _get_conver
 
 from ..symbolic import BOUNDS_ATTR
 from .lost_shapes import ShapeCheck
+from .names import identifier_inputs
 from .outputs import OutputError, rewrite
 from .repairs import RepairError, repair
 from .shapes import CONVERTERS
@@ -147,7 +148,8 @@ def import_model(model: str | os.PathLike | onnx.ModelProto,
                  dim_max: Mapping[str, int] | None = None) -> IRModule:
     """Check an ONNX model and import it into Relax (weights become constants of ``main``).
 
-    Outputs of multi-output ops that TVM's importer would get wrong (``frontend.outputs``),
+    Graph inputs whose names are no identifiers are renamed (``frontend.names``). Outputs
+    of multi-output ops that TVM's importer would get wrong (``frontend.outputs``),
     and nodes that meet a known bug of TVM's (``frontend.repairs``), are rewritten into ops it
     gets right, or refused; shape computations whose symbolic shape TVM's converters lose
     are converted by ours (``frontend.shapes``). ``dim_max`` declares upper bounds of
@@ -165,6 +167,9 @@ def import_model(model: str | os.PathLike | onnx.ModelProto,
 
 
 def _imported(model: onnx.ModelProto, shape_dict: dict[str, list[int]] | None) -> IRModule:
+    model, renames = identifier_inputs(model)
+    if shape_dict:
+        shape_dict = {renames.get(name, name): shape for name, shape in shape_dict.items()}
     try:
         model = repair(rewrite(model))
     except (OutputError, RepairError) as err:
