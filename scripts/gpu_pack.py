@@ -36,6 +36,10 @@ the same range) that gpu_check rebuilds bit for bit (checked by fingerprint). We
 ``--embed-mb`` become VM inputs instead of library constants (``"weights": "vm inputs"``), and
 outputs over ``--outputs-mb`` are recomputed there with onnxruntime on the CPU.
 
+``--dims NAME=SIZE,...`` (repeatable) packs the model workloads exported with dynamic batch and
+sequence axes instead: each is compiled once per flow, and each size is a workload of its own
+(``gpt2_block@batch=8,seq=1``) on those libraries, with weights regenerated alike.
+
 ``--device cpu`` builds a CPU variant (TVM's default ``llvm`` pipeline, flow
 ``tvm_default_llvm``) that ``gpu_check.sh`` runs on ``tvm.cpu()``: a self-test of the whole
 check without a GPU, not a measurement of our flows.
@@ -122,12 +126,21 @@ class Item:
     model: onnx.ModelProto
     inputs: dict[str, np.ndarray]
     torch_module: Any = None  # a torch.nn.Module, when the workload zoo provides one
+    # Items of one model exported with dynamic axes share its libraries (one compile serves
+    # every size) and its regenerated weights: both are keyed by ``library``.
+    library: str = ""
+    dims: dict[str, int] | None = None  # the sizes of the symbolic dims these inputs have
+
+    def __post_init__(self) -> None:
+        self.library = self.library or safe_name(self.name)
 
 
 def iter_items(args: argparse.Namespace) -> Iterator[Item]:
     """The workloads to pack, one at a time (real-size models are large): ``--onnx`` files, or
     the zoo's workloads filtered by ``--workloads``. Inputs come from the zoo's generator."""
     if args.onnx:
+        if args.dims:
+            raise SystemExit("--dims packs the zoo's dynamic models, not --onnx files")
         for path in args.onnx:
             model = onnx.load(path)
             name = Path(path).name.removesuffix(".onnx")
@@ -138,11 +151,30 @@ def iter_items(args: argparse.Namespace) -> Iterator[Item]:
     unknown = [n for n in names if n not in everything]
     if unknown:
         raise SystemExit(f"unknown workloads {unknown}; known: {', '.join(everything)}")
+    if args.dims:
+        yield from dynamic_items(names, args.size, args.dims)
+        return
     for name in names:
         workload = everything[name]
         model = workload.model(args.size)
         module = zoo_torch_module(name, args.size) if workload.kind == "model" else None
         yield Item(name, workload.kind, args.size, model, zoo.inputs(model, seed=0), module)
+
+
+def dynamic_items(names: Sequence[str], size: str, sizes: Sequence[dict[str, int]]
+                  ) -> Iterator[Item]:
+    """Model workloads ``names`` exported with dynamic batch and sequence axes, one item per
+    entry of ``sizes`` (its inputs at those dims), all items of a model on one library."""
+    from tvm_stitch.verify import with_dims
+    from tvm_stitch.workloads import models
+
+    for name in names:
+        model = models.load_model(name, size, dynamic=True)
+        for dims in sizes:
+            label = ",".join(f"{k}={v}" for k, v in dims.items())
+            yield Item(f"{name}@{label}", "model", size, model,
+                       zoo.inputs(with_dims(model, dims), seed=0),
+                       library=safe_name(f"{name}-dynamic"), dims=dims)
 
 
 def zoo_torch_module(name: str, size: str) -> Any:
@@ -233,7 +265,7 @@ def loaded_library(prefix: str) -> Path | None:
 @contextlib.contextmanager
 def nvcc_cubin(target: Target) -> Iterator[None]:
     """While active, TVM's CUDA codegen compiles with nvcc to a cubin for ``target``'s arch
-    (TVM's own nvcc flags: -O3, --use_fast_math, ...)."""
+    (TVM's own nvcc flags: see nvcc_flags)."""
     from tvm.support import nvcc
 
     arch = str(target.attrs["arch"])
@@ -249,6 +281,12 @@ def nvcc_cubin(target: Target) -> Iterator[None]:
     finally:
         if previous is not None:
             tvm_ffi.register_global_func("tvm_callback_cuda_compile", previous, override=True)
+
+
+def nvcc_flags() -> str:
+    """TVM's nvcc flags that tell results apart: ``--use_fast_math`` unless
+    ``TVM_CUDA_NVCC_NO_FAST_MATH`` is set (TVM's own switch, read when it compiles)."""
+    return "-O3" if os.environ.get("TVM_CUDA_NVCC_NO_FAST_MATH") else "-O3 --use_fast_math"
 
 
 def cubin_archs(path: Path) -> list[str]:
@@ -435,14 +473,18 @@ def pack_item(
     target: Target,
     pack: Path,
     limits: argparse.Namespace,
+    built: dict[tuple[str, str], str | BaseException],
 ) -> tuple[dict[str, Any], refs.Program | None]:
-    """Build, export and save one workload; returns its manifest entry (and torch program)."""
+    """Build, export and save one workload; returns its manifest entry (and torch program).
+    ``built`` holds the libraries built so far by (library, flow): their paths or errors."""
     from tvm_stitch.frontend.onnx import import_model
 
     stem = safe_name(item.name)
+    # Weights first, from a seed of the library's: items sharing a library regenerate the
+    # same weights whatever their inputs' sizes.
     store = ArrayStore(seed_base=1000 * index, limit_bytes=int(limits.inline_kb * 1024))
-    feeds = {name: store.shrink(value) for name, value in item.inputs.items()}
     model, regenerated = shrink_initializers(item.model, store)
+    feeds = {name: store.shrink(value) for name, value in item.inputs.items()}
     outputs = reference_outputs(model, feeds)
     inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
     as_inputs = sum(v.nbytes for v in inits.values()) > limits.embed_mb * 2**20
@@ -452,6 +494,7 @@ def pack_item(
         "name": item.name,
         "kind": item.kind,
         "size": item.size,
+        "dims": item.dims,
         "data": f"data/{stem}.npz",
         "inputs": [
             {**_describe(name, value), "source": store.source(f"input_{i}", value)}
@@ -477,18 +520,14 @@ def pack_item(
             "feeds": [{"name": n, "source": store.source(f"feed_{n}", v)} for n, v in sources],
         }
     for flow in flows:
-        lib = Path("libs") / f"{stem}.{flow}.so"
-        try:
-            build_library(mod, flow, target, pack / lib)
-        except Exception as exc:  # noqa: BLE001 (recorded in the manifest, measured as failed)
-            entry["build_errors"][flow] = _error(exc)
-            print(f"  {item.name} / {flow}: build failed: {_error(exc)[:300]}", file=sys.stderr)
-            continue
-        if target.kind.name == "cuda":
-            archs = cubin_archs(pack / lib)
-            if str(target.attrs["arch"]) not in archs:
-                raise RuntimeError(f"{lib}: no cubin for {target.attrs['arch']} (found {archs})")
-        entry["libs"][flow] = str(lib)
+        if (item.library, flow) not in built:
+            built[item.library, flow] = build_flow(mod, flow, target, pack, item.library)
+        lib = built[item.library, flow]
+        if isinstance(lib, BaseException):
+            entry["build_errors"][flow] = _error(lib)
+            print(f"  {item.name} / {flow}: build failed: {_error(lib)[:300]}", file=sys.stderr)
+        else:
+            entry["libs"][flow] = lib
     entry["torch"], program = torch_program(item, index, model, feeds, outputs, pack, regenerated)
     if program is not None:
         entry["torch"]["consts"] = [
@@ -496,6 +535,22 @@ def pack_item(
         ]
     np.savez_compressed(pack / entry["data"], **store.arrays)
     return entry, program
+
+
+def build_flow(mod: tvm.IRModule, flow: str, target: Target, pack: Path, library: str
+               ) -> str | BaseException:
+    """Build ``mod`` with ``flow`` into ``pack/libs``: the library's path in the pack, or
+    what stopped it."""
+    lib = Path("libs") / f"{library}.{flow}.so"
+    try:
+        build_library(mod, flow, target, pack / lib)
+    except Exception as exc:  # noqa: BLE001 (recorded in the manifest, measured as failed)
+        return exc
+    if target.kind.name == "cuda":
+        archs = cubin_archs(pack / lib)
+        if str(target.attrs["arch"]) not in archs:
+            raise RuntimeError(f"{lib}: no cubin for {target.attrs['arch']} (found {archs})")
+    return str(lib)
 
 
 def pack_tuning(item: Item, target: Target, pack: Path, trials: int) -> dict[str, Any]:
@@ -617,6 +672,14 @@ def write_archive(pack: Path, archive: Path) -> None:
         tar.add(pack, arcname=ARCHIVE_ROOT)
 
 
+def parse_dims(text: str) -> dict[str, int]:
+    """``batch=8,seq=1`` as {"batch": 8, "seq": 1}."""
+    try:
+        return {k.strip(): int(v) for k, v in (part.split("=") for part in text.split(","))}
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=SIZE,... ({err})") from err
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """Command line of gpu_pack.py."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -628,6 +691,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--onnx", action="append", help="pack this ONNX file instead of zoo workloads (repeatable)"
     )
     parser.add_argument("--onnx-kind", default="micro", choices=("micro", "model"))
+    parser.add_argument(
+        "--dims",
+        action="append",
+        type=parse_dims,
+        help="pack the model workloads exported with dynamic batch and sequence axes, compiled "
+        "once per flow, run at these sizes of their symbolic dims (NAME=SIZE,...; repeatable)",
+    )
     parser.add_argument(
         "--device",
         choices=("cuda", "cpu"),
@@ -689,15 +759,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         libcuda = load_cuda_runtime(Path(tmp)) if args.device == "cuda" else None
         build = nvcc_cubin(target) if args.device == "cuda" else contextlib.nullcontext()
         entries, programs = [], []
+        built: dict[tuple[str, str], str | BaseException] = {}
+        first_index: dict[str, int] = {}
         with build:
             for index, item in enumerate(iter_items(args)):
                 print(f"[{index + 1}] {item.name} ({item.kind}, {item.size})", flush=True)
+                seed_index = first_index.setdefault(item.library, index)
                 try:
-                    entry, program = pack_item(item, index, flows, target, pack, args)
+                    entry, program = pack_item(item, seed_index, flows, target, pack, args, built)
                 except Exception as exc:  # noqa: BLE001 (import or reference failed: recorded)
                     entry, program = failed_entry(item, flows, exc), None
                     print(f"  {item.name}: not packed: {entry['torch']['reason'][:300]}")
-                if args.tune_trials and args.device == "cuda":
+                if args.tune_trials and args.device == "cuda" and item.dims is None:
                     entry["tuning"] = pack_tuning(item, target, pack, args.tune_trials)
                 entries.append(entry)
                 if program is not None:
@@ -718,7 +791,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "device": args.device,
         "target": str(target.kind.name if args.device == "cpu" else args.target),
         "arch": str(target.attrs["arch"]) if args.device == "cuda" else None,
-        "cuda_compile": "nvcc --cubin (TVM's flags: -O3 --use_fast_math)" if libcuda else None,
+        "cuda_compile": f"nvcc --cubin (TVM's flags: {nvcc_flags()})" if libcuda else None,
         "libcuda_at_build": libcuda,
         "flows": flows,
         "size": args.size if not args.onnx else "file",

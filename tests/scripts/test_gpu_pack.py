@@ -401,6 +401,28 @@ def test_check_regenerates_what_is_too_large_to_ship(
     assert "hidden by the test" in entry["timing"][flow]["reference"]
 
 
+def test_a_dynamic_model_is_built_once_and_checked_at_every_size(
+    wheels: None, tmp_path: Path
+) -> None:
+    """``--dims``: GPT-2 exported with dynamic axes, one library per flow for all sizes, and
+    weights regenerated from one seed (tiny limits make every weight a VM input from a recipe
+    and inputs at the larger size recipes too): every size matches onnxruntime."""
+    pack = tmp_path / "pack"
+    sizes = ("batch=1,seq=1", "batch=2,seq=13")
+    limits = ["--inline-kb", "1", "--embed-mb", "0"]
+    run_pack(pack, "--workloads", "gpt2_block", "--size", "ci", "--device", "cpu",
+             *(arg for dims in sizes for arg in ("--dims", dims)), *limits)
+    specs = json.loads((pack / "manifest.json").read_text())["workloads"]
+    assert [s["name"] for s in specs] == [f"gpt2_block@{d}" for d in sizes]
+    assert [s["dims"] for s in specs] == [{"batch": 1, "seq": 1}, {"batch": 2, "seq": 13}]
+    assert specs[0]["libs"] == specs[1]["libs"] and specs[0]["weights"] == "vm inputs"
+    assert specs[0]["params"] == specs[1]["params"]
+    assert len(list((pack / "libs").iterdir())) == 1
+    results = run_check(pack, tmp_path / "out", "--skip", "torch_compile,torch_eager")
+    flow = results["pack"]["flows"][0]
+    assert [e["ok"][flow] for e in results["workloads"]] == [True, True]
+
+
 def test_check_times_torch_compile(cpu_pack: Path, tmp_path: Path) -> None:
     """torch.compile on the CPU (Inductor compiles C++ here: about 25 s)."""
     pytest.importorskip("torch")
