@@ -20,11 +20,13 @@ from tvm_stitch.plan import Choices, ChoiceSource, StitchPlan
 from tvm_stitch.schedule.grid_barrier import CUDA_DEFINITION
 from tvm_stitch.target import parse_target
 from tvm_stitch.tuning import pack_runner
+from tvm_stitch.tuning.cost import FEATURES, XGBoostModel, load_model
 from tvm_stitch.tuning.database import Database, same_plan, use_database
 from tvm_stitch.tuning.kinds import RunnerKind
 from tvm_stitch.tuning.measure import arguments, deserialize
 from tvm_stitch.tuning.pack import MANIFEST, RUNNER
 from tvm_stitch.tuning.tasks import extract_tasks, target_key, workload_key
+from tvm_stitch.tuning.training import read_timed
 from tvm_stitch.workloads import micro
 
 TARGET = "cuda:sm_90"
@@ -107,6 +109,8 @@ def test_a_cuda_pack_holds_a_library_per_candidate(tmp_path: Path) -> None:
         assert entry["args"][0] == {"dtype": "float32", "shape": [256, 128]}
         (state,) = entry["zeroed"]  # the Global-stitched kernel's grid-barrier state
         assert entry["args"][state]["dtype"] == "uint32"
+        assert list(entry["features"]) == list(FEATURES), "what a model trains on"
+        assert entry["features"]["grid_barriers"] >= 1
 
     run = subprocess.run([sys.executable, "-c", _WITHOUT_STITCH, pack, results],
                          capture_output=True, text=True, timeout=RUNNER_TIMEOUT_S)
@@ -140,3 +144,48 @@ def test_results_that_are_not_ours_and_misused_flags_are_refused(tmp_path: Path,
         cli.main(["tune", str(model), "--export", "p", "--import", "r", "--db", str(db)])
     assert exit_.value.code == 2
     assert not Database(db).records
+
+
+def test_a_model_trains_on_pack_results_and_is_scored_held_out(tmp_path: Path,
+                                                                capsys) -> None:
+    """``tune --train``: the xgboost model fits the times of two SIMT packs' results (their
+    manifests carry every candidate's features), reports per results file the taus of the
+    model trained on the other file and of the analytic estimate, and saves itself with
+    what it was trained on; a pack without features is refused, naming the file."""
+    results = []
+    for name, model in (("softmax", micro.softmax((64, 256))),
+                        ("rms_norm", micro.rms_norm((128, 256)))):
+        path = _saved(model, tmp_path / f"{name}.onnx")
+        pack, out = tmp_path / f"pack_{name}", tmp_path / f"{name}.json"
+        _export(path, pack, tmp_path / "db", 3, RunnerKind.SIMT)
+        run = subprocess.run([sys.executable, pack / RUNNER.name, pack, out],
+                             capture_output=True, text=True, timeout=RUNNER_TIMEOUT_S)
+        assert run.returncode == 0, run.stdout + run.stderr
+        results.append(out)
+    capsys.readouterr()
+    saved = tmp_path / "model"
+    argv = ["tune", "--train", *map(str, results), "--save-model", str(saved), "--json"]
+    assert cli.main(argv) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["sources"] == ["rms_norm", "softmax"] and summary["candidates"] == 6
+    assert [s["source"] for s in summary["held_out"]] == ["rms_norm", "softmax"]
+    assert all(-1 <= s["xgboost"] <= 1 and s["tasks"] == 1 for s in summary["held_out"])
+    assert json.loads((saved / "trained_on.json").read_text()) == summary
+    trained = load_model(saved)
+    assert isinstance(trained, XGBoostModel) and len(trained.rows) == 6
+    timed = read_timed(results)
+    assert trained.predict_rows([list(t.features) for t in timed]).shape == (6,)
+    assert [t.from_rules for t in timed] == [True, False, False] * 2
+
+    doc = json.loads(results[0].read_text())
+    for entry in doc["manifest"]["candidates"]:
+        del entry["features"]
+    (tmp_path / "old.json").write_text(json.dumps(doc))
+    assert cli.main(["tune", "--train", str(tmp_path / "old.json"), "--save-model",
+                     str(tmp_path / "m2")]) == 2
+    assert "old.json" in capsys.readouterr().err
+    for argv, why in ((["m.onnx", "--train", str(results[0])], "--train takes no MODEL"),
+                      (["--train", str(results[0])], "--train needs --save-model"),
+                      (["m.onnx"], "required: --db")):
+        assert cli.main(["tune", *argv]) == 2
+        assert why in capsys.readouterr().err

@@ -10,6 +10,9 @@ For a GPU this machine cannot reach (``tuning.pack``): ``tvm-stitch tune MODEL.o
 --export PACK --db DIR [--runner local|simt]`` builds the candidates instead of measuring
 them; ``python PACK/pack_runner.py PACK RESULTS`` times them on the GPU's machine;
 ``tvm-stitch tune --import RESULTS --db DIR`` records the times.
+``tvm-stitch tune --train RESULTS... --save-model DIR`` trains the xgboost model on the
+times of such results files (``tuning.training``), prints how well it ranks each file's
+groups when trained on the others, and saves it.
 """
 
 from __future__ import annotations
@@ -17,13 +20,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from tvm.ir import IRModule
 
 from ..frontend.onnx import ModelError, import_model, load
 from ..target import DEFAULT_TARGET, target_argument
 from ..verify import add_dim_max_argument
-from .cost import CostModel, load_model, model_of
+from .cost import CostModel, load_model, model_of, shipped_models
 from .database import Database, DatabaseError
 from .kinds import ModelKind, RunnerKind
 
@@ -43,7 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="e.g. cuda:sm_90")
     parser.add_argument("--trials", type=int, default=16,
                         help="candidates measured per group (default 16)")
-    parser.add_argument("--db", required=True, metavar="DIR", help="the tuning database")
+    parser.add_argument("--db", metavar="DIR", help="the tuning database (needed but with "
+                        "--train)")
     parser.add_argument("--runner", type=RunnerKind, default=RunnerKind.LOCAL,
                         choices=list(RunnerKind),
                         help="local: this machine's GPU; rpc: a GPU behind TVM's RPC "
@@ -52,8 +57,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rpc-tracker", type=_tracker, metavar="HOST:PORT")
     parser.add_argument("--rpc-key", metavar="KEY", help="the device key of the RPC servers")
     parser.add_argument("--model", dest="cost_model", default=ModelKind.XGBOOST.value,
-                        help="cost model: analytic, xgboost (trained as tuning goes), or "
-                             "the directory of a saved model")
+                        help="cost model: analytic, xgboost (trained as tuning goes), a "
+                             "shipped model's name (one trained on a GPU's times: "
+                             f"{', '.join(shipped_models()) or 'none yet'}), or the "
+                             "directory of a saved model")
     parser.add_argument("--save-model", metavar="DIR", help="save the cost model there")
     parser.add_argument("--seed", type=int, default=0)
     add_dim_max_argument(parser)
@@ -67,10 +74,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     offline.add_argument("--import", dest="import_results", metavar="RESULTS",
                          help="record the times of a pack's runner (its RESULTS file) in "
                               "--db; takes no MODEL")
+    offline.add_argument("--train", nargs="+", metavar="RESULTS",
+                         help="train the xgboost model on the times of pack runners' "
+                              "RESULTS files, print its held-out Kendall taus, save it to "
+                              "--save-model; takes no MODEL")
 
 
 def _misuse(args: argparse.Namespace) -> str:
     """Why the arguments do not go together, or ""."""
+    if args.train is not None:
+        if args.model is not None:
+            return "--train takes no MODEL: the RESULTS files hold what it trains on"
+        if not args.save_model:
+            return "--train needs --save-model DIR, where the trained model goes"
+        return ""
+    if args.db is None:
+        return "the following arguments are required: --db"
     if args.import_results is not None:
         if args.model is not None:
             return "--import takes no MODEL: RESULTS names the candidates it timed"
@@ -105,6 +124,56 @@ def _import(args: argparse.Namespace) -> int:
     else:
         print(f"imported {count} records from {args.import_results} into {args.db}")
     return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    """``--train RESULTS...``: fit the xgboost model on their times, score it held out,
+    save it with what it was trained on."""
+    from .training import held_out_taus, read_timed, train
+
+    try:
+        timed = read_timed(args.train)
+    except DatabaseError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if not timed:
+        print("error: the RESULTS files hold no timed candidate", file=sys.stderr)
+        return 2
+    scores = held_out_taus(timed)
+    train(timed).save(args.save_model)
+    summary = {
+        "candidates": len(timed),
+        "sources": sorted({t.source for t in timed}),
+        "held_out": [vars(s) for s in scores],
+        "mean_tau": {"xgboost": _mean([s.xgboost for s in scores]),
+                     "analytic": _mean([s.analytic for s in scores])},
+        "command": "tvm-stitch tune --train " + " ".join(map(str, args.train))
+                   + f" --save-model {args.save_model}",
+    }
+    Path(args.save_model, TRAINED_ON).write_text(json.dumps(summary, indent=1) + "\n")
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    print(f"{'held out':32s} {'groups':>6s} {'xgboost tau':>12s} {'analytic tau':>13s}")
+    for s in scores:
+        print(f"{s.source:32s} {s.tasks:6d} {s.xgboost:12.2f} {s.analytic:13.2f}")
+    means = summary["mean_tau"]
+    print(f"{'mean':32s} {'':6s} {_show(means['xgboost']):>12s} {_show(means['analytic']):>13s}")
+    print(f"trained on {len(timed)} candidates; saved to {args.save_model}")
+    return 0
+
+
+TRAINED_ON = "trained_on.json"
+"""The file of a model saved by ``--train`` that says what it was trained on and how it
+ranked held-out workloads."""
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _show(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def _export(args: argparse.Namespace, mod: IRModule, model: CostModel) -> int:
@@ -142,6 +211,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.import_results is not None:
         return _import(args)
+    if args.train is not None:
+        return _train(args)
     try:
         mod = import_model(load(args.model), dim_max=dict(args.dim_max))
         database = Database(args.db)

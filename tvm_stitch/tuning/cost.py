@@ -157,11 +157,16 @@ class XGBoostModel(CostModel):
     def update(self, tasks: Sequence[Sequence[Candidate]],
                seconds: Sequence[Sequence[float]]) -> None:
         """Add the measured candidates to the training data and retrain on all of it."""
-        for cands, secs in zip(tasks, seconds, strict=True):
-            if not cands:
+        self.fit([[features(c) for c in cands] for cands in tasks], seconds)
+
+    def fit(self, rows: Sequence[Sequence[Sequence[float]]],
+            seconds: Sequence[Sequence[float]]) -> None:
+        """``update`` for candidates given by their ``features``, task by task."""
+        for task_rows, secs in zip(rows, seconds, strict=True):
+            if not task_rows:
                 continue
             logs = np.log(np.asarray(secs, dtype=float))
-            self.rows += [features(c) for c in cands]
+            self.rows += [[float(v) for v in row] for row in task_rows]
             self.labels += list(logs - logs.mean())
         if self.rows:
             data = xgboost.DMatrix(np.array(self.rows), label=np.array(self.labels),
@@ -173,8 +178,13 @@ class XGBoostModel(CostModel):
         training)."""
         if self.booster is None:
             return AnalyticModel().predict(candidates)
-        data = xgboost.DMatrix(np.array([features(c) for c in candidates]),
-                               feature_names=list(FEATURES))
+        return self.predict_rows([features(c) for c in candidates])
+
+    def predict_rows(self, rows: Sequence[Sequence[float]]) -> np.ndarray:
+        """``predict`` for candidates given by their ``features`` (a trained model)."""
+        if self.booster is None:
+            raise ValueError("an untrained xgboost model predicts from candidates only")
+        data = xgboost.DMatrix(np.array(rows, dtype=float), feature_names=list(FEATURES))
         return self.booster.predict(data)
 
     def save(self, path: str | Path) -> None:
@@ -216,10 +226,21 @@ def _write_kind(path: Path, kind: ModelKind) -> None:
                                                "kind": kind.value}))
 
 
+SHIPPED = Path(__file__).with_name("trained")
+"""Models trained on GPU measurements that ship with the package, one folder each, named for
+the GPU (``h200``); each folder's ``trained_on.json`` says how it was made."""
+
+
+def shipped_models() -> dict[str, Path]:
+    """The shipped models by name."""
+    return {d.name: d for d in sorted(SHIPPED.iterdir()) if (d / MODEL_FILE).is_file()} \
+        if SHIPPED.is_dir() else {}
+
+
 def load_model(path: str | Path) -> CostModel:
-    """The cost model saved in the directory ``path``; a ValueError naming the file for
-    anything else."""
-    path = Path(path)
+    """The cost model saved in the directory ``path``, or the shipped model of that name; a
+    ValueError naming the file for anything else."""
+    path = shipped_models().get(str(path), Path(path))
     try:
         meta = json.loads((path / MODEL_FILE).read_text())
         kind = ModelKind(meta["kind"])

@@ -21,9 +21,10 @@ The manifest (``pack_runner.PACK_FORMAT``) holds the target's key (``tasks.targe
 arch, the runner kind, the tvm-stitch and TVM versions, the date, the entry function and the
 seed of the arguments, and per candidate: its id, workload key, operators, plan entry (as a
 database record holds it), artifact (relative to the pack), the dtype and shape of every
-buffer parameter, and the positions of the parameters that must start zeroed (the grid
-barrier's state, ``measure.zeroed_params``). A candidate that does not build is listed under
-``build_errors`` instead.
+buffer parameter, the positions of the parameters that must start zeroed (the grid
+barrier's state, ``measure.zeroed_params``), and its cost-model features by name
+(``cost.features``: what a model trains on once the times come back). A candidate that
+does not build is listed under ``build_errors`` instead.
 
 The results file (``pack_runner.RESULTS_FORMAT``) carries the manifest, the machine, the
 timing settings and per candidate its seconds or its error, so importing needs it alone.
@@ -36,7 +37,7 @@ import json
 import math
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import tvm
 from tvm.ir import IRModule
@@ -48,15 +49,13 @@ from ..schedule.decisions.choosing import Task
 from ..schedule.rows import Unstitchable
 from ..target import parse_target
 from . import measure
+from .cost import FEATURES, CostModel, features
 from .database import Database, DatabaseError, Record
 from .kinds import RunnerKind
 from .pack_runner import PACK_FORMAT, RESULTS_FORMAT
 from .space import Candidate, candidates
 from .tasks import extract_tasks, target_key, workload_key
 from .tuner import BATCH, POOL_FACTOR
-
-if TYPE_CHECKING:
-    from .cost import CostModel
 
 MANIFEST = "manifest.json"
 """The manifest file of a pack."""
@@ -132,7 +131,8 @@ def export_pack(mod: IRModule, target: str | Target, path: str | Path, *, trials
             entries.append({"id": ident, "workload": key, "ops": list(cand.group.ops),
                             "group": StitchPlan(groups=(cand.group,)).to_dict()["groups"][0],
                             "artifact": artifact, "args": _argument_specs(func),
-                            "zeroed": list(measure.zeroed_indices(func))})
+                            "zeroed": list(measure.zeroed_indices(func)),
+                            "features": dict(zip(FEATURES, features(cand), strict=True))})
     manifest = {
         "format": PACK_FORMAT, "target": target_key(target),
         "arch": str(target.attrs.get("arch", "")), "runner": runner_kind.value,
