@@ -161,7 +161,8 @@ def _mapped(func: tirx.PrimFunc, group: Group) -> s_tir.Schedule:
     _map_rows(sch, mapping, done.block_caches, group.scalar_blocks, group.vector_reads)
     if mapping.rows_per_block > 1 and (  # a guarded last block
             mapping.rows_expr or mapping.rows % (mapping.rows_per_block * mapping.row_steps)):
-        _index_rows_in_block(sch, mapping.rows_per_block, rows=mapping.rows)
+        _index_rows_in_block(sch, mapping.rows_per_block, rows=mapping.rows,
+                             block_caches=frozenset(done.block_caches))
     return hold_inputs(sch, group)
 
 
@@ -408,8 +409,8 @@ def _vectorise_own_vector(sch: s_tir.Schedule, block: SBlockRV, vector: int,
 
 
 def _index_rows_in_block(sch: s_tir.Schedule, rows_per_block: int,
-                         per_row: frozenset[str] | None = None, rows: int | None = None
-                         ) -> None:
+                         per_row: frozenset[str] | None = None, rows: int | None = None,
+                         block_caches: frozenset[str] = frozenset()) -> None:
     """Index every on-chip buffer over a symbolic row count or the ``rows`` rows (or, given
     ``per_row``, those buffers: the ones a Global group's plan keeps one row of while its
     blocks walk several rows in sequence) by the row's place in its thread block
@@ -417,8 +418,12 @@ def _index_rows_in_block(sch: s_tir.Schedule, rows_per_block: int,
     block holds consecutive rows, one group at a time). TVM sizes such a buffer from the
     region a thread block touches: all its rows in sequence (fuzz graph 4242:228: three rows
     of a tile in 90 KB where the plan has one in 33 KB), and the guard of a partial last
-    block (``row < n``) hides that region's bound."""
+    block (``row < n``) hides that region's bound. The ``block_caches`` (inputs staged once
+    per block) hold no rows, even one as long as the row count (a T5 RMSNorm weight of 64
+    over 64 rows: indexed by row, 6 slots held the 64 weights)."""
     for block in child_blocks(sch):
+        if name_of(sch, block) in block_caches:
+            continue
         for index, region in enumerate(sch.get(block).writes):
             buffer = region.source
             if buffer.scope() == "global" or not buffer.shape:
@@ -459,6 +464,15 @@ def _bind_at_step(sch: s_tir.Schedule, mapping: ThreadMapping,
         if len(loops) != 2:
             raise Unstitchable(f"block {name_of(sch, block)}: compute-at made {len(loops)} "
                                "loops for (row, element)")
+        if _is_unit(sch.get(loops[1]).extent):
+            # One element per row (a token id staged for its row): every thread of the row
+            # computes it, so each reads what it wrote itself. Written by one thread, the
+            # others read it unsynchronised: TVM inserts no barrier between accesses whose
+            # index is the same (t5_block's embedding rows packed 6 per block read a stale
+            # id and faulted on an H200).
+            if mapping.rows_per_block > 1:
+                sch.bind(loops[0], "threadIdx.y")
+            continue
         _bind_threads(sch, mapping, loops[0],
                       _element_loop(sch, block, loops[1], mapping, scalar, vector_reads))
 
@@ -935,3 +949,7 @@ def _one_register(sch: s_tir.Schedule, block: SBlockRV, result: tirx.Buffer) -> 
     sch.transform_layout(block, ("write", 0), tirx.IndexMap.from_func(
         lambda *_: [zero], ndim=len(result.shape), index_dtype=dtype),
         assume_injective_transform=True)
+
+
+def _is_unit(extent: tirx.PrimExpr) -> bool:
+    return isinstance(extent, tirx.IntImm) and int(extent) == 1
