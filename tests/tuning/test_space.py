@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
 import pytest
+from onnx import TensorProto, helper, numpy_helper
+from tvm import s_tir, tirx
 
 from tvm_stitch import pipeline, verify
 from tvm_stitch.analysis.ptxas import lowered_resources
@@ -17,7 +20,7 @@ from tvm_stitch.schedule.decisions.choosing import Chooser, Task, choosing
 from tvm_stitch.schedule.rows import Unstitchable
 from tvm_stitch.tuning.space import candidates, choice_space
 from tvm_stitch.tuning.tasks import extract_tasks
-from tvm_stitch.workloads import micro
+from tvm_stitch.workloads import all_workloads, micro
 
 TARGET = "cuda:sm_90"
 
@@ -143,4 +146,63 @@ def test_reductions_read_vectors_when_chosen() -> None:
     with choosing(_Fixed(Choices(vector_reads=True))):
         scheduled = pipeline.lower(import_model(model), TARGET, flow="stitch")
     assert StitchPlan.of_module(scheduled).groups[0].vector_reads == ("x_red",)
+    assert verify.run_simt(scheduled, model).ok
+
+
+def test_a_group_normalisations_split_rows_are_searched_over_parts_and_threads() -> None:
+    """Stable Diffusion's group normalisation + SiLU, (2, 320, 64, 64) in 32 groups: the
+    rules split each group's rows in 2 parts of 1024 threads, which ran at 0.51x of TVM's
+    kernels on an H200 (docs/results/gpu-2026-12-04-h200.md); the space offers the other
+    part counts its whole channels allow and other block sizes, and no split at all."""
+    workload = {w.name: w for w in all_workloads()}["group_norm_silu"]
+    (task,) = extract_tasks(import_model(workload.model("real")), TARGET)
+    found = {(c.group.row_split, c.group.mapping.threads_per_row) for c in candidates(task)}
+    assert (2, 1024) in found and (10, 256) in found and (1, 256) in found, found
+    assert len(found) >= 5, found
+
+
+def test_packed_rows_with_a_guarded_last_block_keep_a_weight_as_long_as_the_rows() -> None:
+    """RMSNorm of 64 rows of 64, 6 rows per block (the last block guarded): the weight (64,)
+    is staged once per block and must not be indexed by row because it is as long as the
+    row count (it was: 6 slots held the 64 weights; T5's weights of ones hid it in the zoo)."""
+    model = micro.rms_norm((64, 64))
+    choices = Choices(threads_per_row=32, rows_per_block=6, vector=1)
+    with choosing(_Fixed(choices)):
+        scheduled = pipeline.lower(import_model(model), TARGET, flow="stitch")
+    (group,) = StitchPlan.of_module(scheduled).groups
+    assert group.mapping.rows_per_block == 6 and group.choices == choices
+    assert verify.run_simt(scheduled, model).ok
+
+
+def test_a_rows_token_id_is_copied_by_every_thread_of_the_row() -> None:
+    """An embedding row (Gather) then RMSNorm, rows packed 4 per block: a thread that reads
+    its row's staged id must have written it itself. Written by the row's first thread
+    alone, the other threads read it with no barrier between (TVM inserts none for accesses
+    of the same index): a stale id, and on an H200 an illegal address (t5_block's tuning
+    candidates, docs/results/gpu-2026-12-04-h200.md)."""
+    rows, width, vocab = 64, 256, 50
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["e"]),
+         helper.make_node("Mul", ["e", "e"], ["sq"]),
+         helper.make_node("ReduceMean", ["sq", "axes"], ["ms"], keepdims=1),
+         helper.make_node("Add", ["ms", "eps"], ["v"]),
+         helper.make_node("Sqrt", ["v"], ["r"]),
+         helper.make_node("Div", ["e", "r"], ["y"])],
+        "embed_norm",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [rows])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows, width])],
+        [numpy_helper.from_array(np.random.default_rng(0).standard_normal(
+            (vocab, width)).astype(np.float32), "table"),
+         numpy_helper.from_array(np.array([-1], np.int64), "axes"),
+         numpy_helper.from_array(np.array(1e-6, np.float32), "eps")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    with choosing(_Fixed(Choices(threads_per_row=64, rows_per_block=4, row_steps=1))):
+        scheduled = pipeline.lower(import_model(model), TARGET, flow="stitch")
+    (group,) = StitchPlan.of_module(scheduled).groups
+    assert group.mapping.rows_per_block == 4
+    func = next(f for f in scheduled.functions.values()
+                if isinstance(f, tirx.PrimFunc) and "ids_shared" in f.script())
+    sch = s_tir.Schedule(func)
+    bound = [sch.get(loop).thread_binding for loop in sch.get_loops(sch.get_sblock("ids_shared"))]
+    assert "threadIdx.x" not in {b.thread_tag for b in bound if b is not None}
     assert verify.run_simt(scheduled, model).ok

@@ -39,6 +39,11 @@ than a warp too): powers of two, and counts that need not
 divide the rows (the last block is guarded) so that a block's threads may follow occupancy
 (30 rows of 8 threads: 240)."""
 
+SPLIT_PARTS = (2, 4, 5, 8, 10, 16, 20, 32, 64)
+"""Parts a split row group may try (those its rows cannot be split in are refused by the
+rules): powers of two, and counts of whole channels of a group normalisation's groups of
+5, 10 or 20 channels."""
+
 ROW_STEPS = (1, 2, 4, 8, 16, 32)
 """Groups of rows a block may walk in sequence (besides the rules' own)."""
 
@@ -98,8 +103,10 @@ def choice_space(group: Group, max_threads: int) -> list[Choices]:
             space += [Choices(row_steps=s, vector=v, walk_rows=True)
                       for s, v in itertools.product([None, *ROW_STEPS], vectors)]
     elif group.row_split > 1:
-        parts = group.row_split
-        space += [Choices(split_parts=p) for p in (1, max(2, parts // 2), parts * 2)]
+        counts = dict.fromkeys([1, *SPLIT_PARTS, group.row_split // 2, group.row_split * 2])
+        threads = [None, *_powers_of_two(WARP_SIZE * 4, max_threads)]
+        space += [Choices(split_parts=p, threads_per_row=t)
+                  for p, t in itertools.product(counts, threads) if p]
     elif group.phases:
         threads = _around(mapping.threads_per_row, max_threads, WARP_SIZE)
         tiles = [None, 1, *{p.column_tiles for p in group.phases if p.column_tiles > 1}]
