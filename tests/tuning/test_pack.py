@@ -20,14 +20,15 @@ from tvm_stitch.plan import Choices, ChoiceSource, StitchPlan
 from tvm_stitch.schedule.grid_barrier import CUDA_DEFINITION
 from tvm_stitch.target import parse_target
 from tvm_stitch.tuning import pack_runner
-from tvm_stitch.tuning.cost import FEATURES, XGBoostModel, load_model
+from tvm_stitch.tuning.cost import FEATURES, XGBoostModel, load_model, shipped_models
 from tvm_stitch.tuning.database import Database, same_plan, use_database
 from tvm_stitch.tuning.kinds import RunnerKind
 from tvm_stitch.tuning.measure import arguments, deserialize
 from tvm_stitch.tuning.pack import MANIFEST, RUNNER
+from tvm_stitch.tuning.space import candidates
 from tvm_stitch.tuning.tasks import extract_tasks, target_key, workload_key
 from tvm_stitch.tuning.training import read_timed
-from tvm_stitch.workloads import micro
+from tvm_stitch.workloads import all_workloads, micro
 
 TARGET = "cuda:sm_90"
 RUNNER_TIMEOUT_S = 300
@@ -189,3 +190,30 @@ def test_a_model_trains_on_pack_results_and_is_scored_held_out(tmp_path: Path,
                       (["m.onnx"], "required: --db")):
         assert cli.main(["tune", *argv]) == 2
         assert why in capsys.readouterr().err
+
+
+def test_the_shipped_h200_model_loads_by_name_and_ranks() -> None:
+    """``--model h200``: the xgboost model trained on the H200's measured candidates ships
+    with the package with what it was trained on."""
+    assert "h200" in shipped_models()
+    model = load_model("h200")
+    assert isinstance(model, XGBoostModel) and model.booster is not None
+    trained_on = json.loads((shipped_models()["h200"] / "trained_on.json").read_text())
+    assert trained_on["candidates"] == len(model.rows) > 300
+    assert trained_on["mean_tau"]["xgboost"] > trained_on["mean_tau"]["analytic"]
+    (task,) = extract_tasks(import_model(micro.softmax((64, 256))), TARGET)
+    ranked = model.rank(candidates(task, 4))
+    assert len(ranked) == 4
+
+
+def test_the_committed_h200_database_applies_to_the_workload_it_timed() -> None:
+    """docs/results/tuning-h200-2026-12-04/db, imported from the H200's results: compiling
+    layer_norm at its `real` size with it gives the fastest kernel measured there (13.0 us
+    against the rules' 18.7)."""
+    db = Path(__file__).resolve().parents[2] / "docs/results/tuning-h200-2026-12-04/db"
+    model = next(w for w in all_workloads() if w.name == "layer_norm").model("real")
+    with use_database(db):
+        scheduled = pipeline.lower(import_model(model), TARGET, flow="stitch")
+    (group,) = StitchPlan.of_module(scheduled).groups
+    assert group.source is ChoiceSource.DATABASE
+    assert group.choices == Choices(threads_per_row=32, rows_per_block=4, vector=2)
