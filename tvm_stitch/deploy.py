@@ -82,6 +82,7 @@ def compile_onnx(model: str | os.PathLike | onnx.ModelProto,
                  target: TargetSpec = DEFAULT_TARGET, *,
                  dims: Mapping[str, int] | None = None, flow: str = DEFAULT_FLOW,
                  database: str | os.PathLike | None = None,
+                 cost_model: str | os.PathLike | None = None,
                  dim_max: Mapping[str, int] | None = None) -> CompiledModel:
     """Compile an ONNX model (a path or a ModelProto) for ``target`` with ``flow``; raises
     ModelError for a model that cannot be compiled.
@@ -90,14 +91,16 @@ def compile_onnx(model: str | os.PathLike | onnx.ModelProto,
     or a Target; TVM's old string form raises ValueError showing these. ``dims`` gives size
     hints of symbolic dimensions, recorded in the sidecar (the library stays symbolic);
     naming a dimension the inputs do not have raises ModelError. ``database`` is a tuning
-    database (``tvm-stitch tune``) whose records the stitch flow applies. ``dim_max``
+    database (``tvm-stitch tune``) whose records the stitch flow applies, ``cost_model`` a
+    cost model that picks the kernels of the other groups (a shipped model's name or a saved
+    model's directory: ``tuning.database.database_or_none``). ``dim_max``
     declares upper bounds of symbolic dimensions (``frontend.import_model``)."""
     target = parse_target(target)
     proto = load(model)
     hints = dict(dims or {})
     check_dims(proto, hints)
     mod = import_model(proto, dim_max=dim_max)
-    with database_or_none(database):
+    with database_or_none(database, cost_model):
         scheduled = pipeline.lower(mod, target, flow)
     executable = pipeline.build(scheduled, target)
     plan = StitchPlan.of_module(scheduled)
@@ -115,6 +118,7 @@ def compile_onnx(model: str | os.PathLike | onnx.ModelProto,
         database=None if database is None else os.fspath(database),
         versions=versions(),
         dim_max=declared_bounds(main.attrs),
+        cost_model=None if cost_model is None else os.fspath(cost_model),
     )
     return CompiledModel(executable, scheduled, sidecar)
 
@@ -245,7 +249,7 @@ def compile_command(args: argparse.Namespace) -> int:
     try:
         compiled = compile_onnx(args.model, args.target, dims=dict(args.dim),
                                 flow=args.pipeline, database=args.db,
-                                dim_max=dict(args.dim_max))
+                                cost_model=args.cost_model, dim_max=dict(args.dim_max))
     except (ModelError, DatabaseError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

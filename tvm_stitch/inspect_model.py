@@ -136,6 +136,7 @@ def inspect_onnx(model: str | os.PathLike | onnx.ModelProto,
                  target: TargetSpec = DEFAULT_TARGET, *, flows: Sequence[str] = FLOW_ORDER,
                  dims: Mapping[str, int] | None = None,
                  database: str | os.PathLike | None = None,
+                 cost_model: str | os.PathLike | None = None,
                  dim_max: Mapping[str, int] | None = None) -> Inspection:
     """Compile an ONNX model with each of ``flows`` for ``target`` and count one run of each.
     ``dim_max`` declares upper bounds of symbolic dimensions (``frontend.import_model``).
@@ -143,7 +144,8 @@ def inspect_onnx(model: str | os.PathLike | onnx.ModelProto,
     Symbolic input dimensions are counted at the sizes ``dims`` gives; ModelError when one has
     none, or ``dims`` names one the inputs do not have, or the model cannot be compiled.
     ValueError for a target whose GPU the roofline table lacks. ``database`` is a tuning
-    database whose records the stitch flow applies."""
+    database whose records the stitch flow applies, ``cost_model`` a cost model that picks
+    the kernels of the other groups (``tuning.database.database_or_none``)."""
     target = parse_target(target)
     gpu = target_gpu(target)
     proto = load(model)
@@ -152,7 +154,7 @@ def inspect_onnx(model: str | os.PathLike | onnx.ModelProto,
     mod = import_model(proto, dim_max=dim_max)
     reports = []
     for flow in flows:
-        with database_or_none(database):
+        with database_or_none(database, cost_model):
             scheduled = pipeline.lower(mod, target, flow)
         reports.append(flow_report(flow, scheduled, gpu, target, sizes))
     name = proto.graph.name if isinstance(model, onnx.ModelProto) else Path(model).name
@@ -267,7 +269,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         inspection = inspect_onnx(args.model, args.target, flows=flows, dims=dict(args.dim),
-                                  database=args.db, dim_max=dict(args.dim_max))
+                                  database=args.db, cost_model=args.cost_model,
+                                  dim_max=dict(args.dim_max))
     except (ModelError, DatabaseError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -75,6 +75,7 @@ class Sidecar:
     database: str | None
     versions: dict[str, str]
     dim_max: dict[str, int] = field(default_factory=dict)
+    cost_model: str | None = None  # the model that picked the groups the database lacks
 
     @property
     def arch(self) -> str | None:
@@ -104,6 +105,7 @@ class Sidecar:
                 database=data["database"],
                 versions=dict(data["versions"]),
                 dim_max=dict(data.get("dim_max", {})),
+                cost_model=data.get("cost_model"),
             )
         except (KeyError, TypeError) as err:
             raise SidecarError(f"malformed sidecar: {type(err).__name__} {err}") from None

@@ -184,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         model = load(args.model)
         _require_sized_inputs(model, dims)
-        with database_or_none(args.db):
+        with database_or_none(args.db, args.cost_model):
             scheduled = compile_model(model, args.pipeline, args.target, dict(args.dim_max))
     except (ModelError, DatabaseError) as err:
         print(f"error: {err}", file=sys.stderr)
@@ -193,10 +193,12 @@ def run(args: argparse.Namespace) -> int:
         print(StitchPlan.of_module(scheduled) or "no stitch plan: the baseline flow",
               file=sys.stderr)
     result = summarize(scheduled, model, args.seed, dims)
-    if args.db:
-        plan = StitchPlan.of_module(scheduled)
-        result["groups_from_database"] = sum(
-            g.source is ChoiceSource.DATABASE for g in (plan.groups if plan else ()))
+    plan = StitchPlan.of_module(scheduled)
+    for given, source, key in ((args.db, ChoiceSource.DATABASE, "groups_from_database"),
+                               (args.cost_model, ChoiceSource.COST_MODEL,
+                                "groups_from_cost_model")):
+        if given:
+            result[key] = sum(g.source is source for g in (plan.groups if plan else ()))
     print(json.dumps(result))
     return 0 if result["ok"] else 1
 

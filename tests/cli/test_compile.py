@@ -124,6 +124,10 @@ def test_compile_records_the_tuning_database_and_refuses_a_file_for_one(models, 
     assert cli.main(["compile", models["static"], "-o", str(tmp_path / "m.so"),
                      "--db", str(database)]) == 0
     assert Sidecar.load(tmp_path / "m.json").database == str(database)
+    assert cli.main(["compile", models["static"], "-o", str(tmp_path / "c.so"),
+                     "--model", "h200"]) == 0
+    sidecar = Sidecar.load(tmp_path / "c.json")
+    assert sidecar.cost_model == "h200" and sidecar.database is None
     not_a_folder = tmp_path / "file"
     not_a_folder.write_text("")
     assert cli.main(["compile", models["static"], "-o", str(tmp_path / "n.so"),

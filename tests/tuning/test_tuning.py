@@ -174,3 +174,19 @@ def test_tuning_through_rpc_on_loopback(simt_server, tmp_path: Path) -> None:
     (task,) = extract_tasks(import_model(_softmax()), TARGET)
     assert {r.workload for r in Database(tmp_path).records} == {workload_key(task)}
     assert time.monotonic() - start < 180
+
+
+def test_verify_with_the_shipped_model_alone(tmp_path: Path, capsys) -> None:
+    """``verify --model h200`` (no database): the model trained on the H200's times picks
+    among each group's candidates; what it picks matches onnxruntime. A model that is none
+    is a clear error."""
+    path = tmp_path / "scale_mask_softmax.onnx"
+    onnx.save(micro.scale_mask_softmax((8, 4, 64, 64)), path)
+    assert cli.main(["verify", str(path), "--pipeline", "stitch", "--target", TARGET,
+                     "--model", "h200"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ok"] and out["groups_from_cost_model"] in (0, 1)
+    assert "groups_from_database" not in out
+    assert cli.main(["verify", str(path), "--pipeline", "stitch", "--model",
+                     str(tmp_path / "nothing")]) == 2
+    assert "not a tvm-stitch cost model" in capsys.readouterr().err

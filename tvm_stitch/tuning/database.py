@@ -112,10 +112,10 @@ class Database:
 
 class DatabaseChooser(Chooser):
     """Applies the best record of a group's workload on the compile's target; for the
-    groups it has none of, the candidate ``model`` ranks first (none without a model: the
-    rules decide)."""
+    groups it has none of (all of them without a database), the candidate ``model`` ranks
+    first (none without a model: the rules decide)."""
 
-    def __init__(self, database: Database, model: CostModel | None = None,
+    def __init__(self, database: Database | None, model: CostModel | None = None,
                  limit: int = 16) -> None:
         self.database = database
         self.model = model
@@ -123,7 +123,8 @@ class DatabaseChooser(Chooser):
 
     def preferred(self, task: Task) -> Iterator[Decided]:
         """The recorded kernel of ``task``, else the model's first candidate."""
-        best = self.database.best(workload_key(task), target_key(task.target))
+        best = None if self.database is None else \
+            self.database.best(workload_key(task), target_key(task.target))
         if best is not None:
             try:
                 decided = decide(task.func, task.group, task.rows, task.target, best.choices)
@@ -146,22 +147,41 @@ class DatabaseChooser(Chooser):
 
 
 def add_database_argument(parser: argparse.ArgumentParser) -> None:
-    """The ``--db DIR`` argument of the commands that compile (verify, compile, inspect)."""
+    """The ``--db DIR`` and ``--model NAME|DIR`` arguments of the commands that compile
+    (verify, compile, inspect)."""
     parser.add_argument("--db", metavar="DIR",
                         help="a tuning database (tvm-stitch tune): the stitch flow applies "
                              "its best record to every group it matches")
+    parser.add_argument("--model", dest="cost_model", metavar="NAME|DIR",
+                        help="a cost model picks the kernel of every group --db has no "
+                             "record of, among its first 16 candidates: a shipped model "
+                             "(h200: trained on an H200's measured times) or a saved one's "
+                             "directory; without it the rules decide")
 
 
-def database_or_none(path: str | Path | None) -> contextlib.AbstractContextManager:
-    """``use_database(path)``, or nothing when ``path`` is None."""
-    return contextlib.nullcontext() if path is None else use_database(path)
+def database_or_none(path: str | Path | None, model: str | Path | None = None
+                     ) -> contextlib.AbstractContextManager:
+    """``use_database(path, model)``, or nothing when both are None. A DatabaseError for a
+    ``model`` that is no cost model."""
+    if path is None and model is None:
+        return contextlib.nullcontext()
+    if model is not None:
+        from .cost import load_model  # xgboost loads only when a model is asked for
+
+        try:
+            model = load_model(model)
+        except ValueError as err:
+            raise DatabaseError(str(err)) from err
+    return use_database(path, model)
 
 
 @contextmanager
-def use_database(path: str | Path, model: CostModel | None = None) -> Iterator[Database]:
+def use_database(path: str | Path | None, model: CostModel | None = None
+                 ) -> Iterator[Database | None]:
     """Within the block, compiles with ``relax_pipeline="stitch"`` apply the best record of
-    the database at ``path`` to every group it matches, and ``model`` to the rest."""
-    database = Database(path)
+    the database at ``path`` (none for None) to every group it matches, and ``model`` to the
+    rest."""
+    database = None if path is None else Database(path)
     with choosing(DatabaseChooser(database, model)):
         yield database
 
