@@ -464,14 +464,14 @@ def _bind_at_step(sch: s_tir.Schedule, mapping: ThreadMapping,
         if len(loops) != 2:
             raise Unstitchable(f"block {name_of(sch, block)}: compute-at made {len(loops)} "
                                "loops for (row, element)")
-        if _is_unit(sch.get(loops[1]).extent):
-            # One element per row (a token id staged for its row): every thread of the row
-            # computes it, so each reads what it wrote itself. Written by one thread, the
-            # others read it unsynchronised: TVM inserts no barrier between accesses whose
-            # index is the same (t5_block's embedding rows packed 6 per block read a stale
-            # id and faulted on an H200).
-            if mapping.rows_per_block > 1:
-                sch.bind(loops[0], "threadIdx.y")
+        if mapping.rows_per_block > 1 and _is_unit(sch.get(loops[1]).extent):
+            # One element per packed row (a token id staged for its row): every thread of
+            # the row computes it, so each reads what it wrote itself. Written by the row's
+            # first thread, the others read it unsynchronised: TVM inserts no barrier
+            # between accesses of one index that varies with a thread (threadIdx.y), so
+            # t5_block's embedding rows packed 6 per block read stale ids and faulted on an
+            # H200. (With a row per block the index is constant, and TVM syncs.)
+            sch.bind(loops[0], "threadIdx.y")
             continue
         _bind_threads(sch, mapping, loops[0],
                       _element_loop(sch, block, loops[1], mapping, scalar, vector_reads))
