@@ -15,8 +15,13 @@ from ..symbolic import BOUNDS_ATTR
 from .lost_shapes import ShapeCheck
 from .names import identifier_inputs
 from .outputs import OutputError, rewrite
+from .precision import convert_gemm, convert_matmul
 from .repairs import RepairError, repair
-from .shapes import CONVERTERS
+from .shapes import CONVERTERS as SHAPE_CONVERTERS
+
+CONVERTERS = {**SHAPE_CONVERTERS, "MatMul": convert_matmul, "Gemm": convert_gemm}
+"""Our converters by ONNX op type, tried before TVM's (which take over when ours return
+None): shapes TVM loses (``frontend.shapes``), half-precision products (``precision``)."""
 
 # Element types the stitch and baseline flows compile and the SIMT runner can execute.
 SUPPORTED_ELEM_TYPES = {
