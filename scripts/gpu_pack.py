@@ -19,7 +19,8 @@ Layout of a pack::
     runtime/tvm/                the tvm package without libtvm_compiler.so (TVM_USE_RUNTIME_LIB=1)
     runtime/wheels/             apache-tvm-ffi for CPython 3.12, typing_extensions
     gpu_check.sh, gpu_check.py, gpu_torch_refs.py
-    tuning/<workload>/          with --tune-trials N: tuning candidates (tvm_stitch.tuning.pack)
+    tuning/<workload>/          with --tune-trials N: tuning candidates (tvm_stitch.tuning.pack),
+                                the rules' kernel and the best of --tune-model
 
 How the cubin gets in: TVM 0.27's CUDA codegen hands its source to ``ffi.Module.create.cuda``
 when the CUDA runtime library is loaded, which compiles it through the
@@ -553,23 +554,26 @@ def build_flow(mod: tvm.IRModule, flow: str, target: Target, pack: Path, library
     return str(lib)
 
 
-def pack_tuning(item: Item, target: Target, pack: Path, trials: int) -> dict[str, Any]:
+def pack_tuning(item: Item, target: Target, pack: Path, trials: int, model: str
+                ) -> dict[str, Any]:
     """The tuning pack of one workload under ``pack/tuning`` (built while ``nvcc_cubin`` is
     active, so its libraries hold cubins too): ``trials`` candidates per stitched group, the
-    rules' kernel first, then the analytic model's best; its entry in the manifest."""
+    rules' kernel first, then the best of cost ``model`` (``analytic``, ``xgboost``, a shipped
+    model's name or a saved model's directory); its entry in the manifest."""
     from tvm_stitch.frontend.onnx import import_model
-    from tvm_stitch.tuning.cost import AnalyticModel
-    from tvm_stitch.tuning.kinds import RunnerKind
+    from tvm_stitch.tuning.cost import load_model, model_of
+    from tvm_stitch.tuning.kinds import ModelKind, RunnerKind
     from tvm_stitch.tuning.pack import export_pack
 
     where = f"tuning/{safe_name(item.name)}"
+    ranker = model_of(ModelKind(model)) if model in set(ModelKind) else load_model(model)
     try:
         export_pack(import_model(item.model), target, pack / where, trials=trials,
-                    model=AnalyticModel(), runner_kind=RunnerKind.LOCAL)
+                    model=ranker, runner_kind=RunnerKind.LOCAL)
     except Exception as exc:  # noqa: BLE001 (recorded; the workload's own libraries stand)
         print(f"  {item.name}: no tuning pack: {_error(exc)[:300]}")
         return {"error": _error(exc)}
-    return {"pack": where}
+    return {"pack": where, "model": model}
 
 
 def failed_entry(item: Item, flows: Sequence[str], exc: BaseException) -> dict[str, Any]:
@@ -734,6 +738,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "(tuning/WORKLOAD, tvm_stitch.tuning.pack; cuda only): gpu_check.sh times them after "
         "its checks, and `tvm-stitch tune --import` records the results",
     )
+    parser.add_argument(
+        "--tune-model",
+        default="analytic",
+        help="the cost model that picks the tuning candidates after the rules' kernel: "
+        "analytic (default), or a shipped model's name (h200) or a saved model's directory",
+    )
     parser.add_argument("--force", action="store_true", help="replace an existing OUT")
     return parser.parse_args(argv)
 
@@ -771,7 +781,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     entry, program = failed_entry(item, flows, exc), None
                     print(f"  {item.name}: not packed: {entry['torch']['reason'][:300]}")
                 if args.tune_trials and args.device == "cuda" and item.dims is None:
-                    entry["tuning"] = pack_tuning(item, target, pack, args.tune_trials)
+                    entry["tuning"] = pack_tuning(item, target, pack, args.tune_trials,
+                                                  args.tune_model)
                 entries.append(entry)
                 if program is not None:
                     programs.append(program)

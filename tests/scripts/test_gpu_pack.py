@@ -146,7 +146,8 @@ def wheels() -> None:
 def cuda_pack(tmp_path_factory: pytest.TempPathFactory, tiny_onnx: Path, wheels: None) -> Path:
     """The CUDA pack of the tiny model, every flow built (only for tests marked nvcc)."""
     path = tmp_path_factory.mktemp("cuda") / "pack"
-    run_pack(path, "--onnx", str(tiny_onnx), "--archive", "--tune-trials", "2")
+    run_pack(path, "--onnx", str(tiny_onnx), "--archive", "--tune-trials", "2",
+             "--tune-model", "h200")
     return path
 
 
@@ -252,10 +253,12 @@ def test_libraries_hold_sm90_cubins(cuda_pack: Path) -> None:
 
 @pytest.mark.nvcc
 def test_tuning_candidates_are_packed_as_cubins(cuda_pack: Path) -> None:
-    """``--tune-trials 2``: the workload's tuning pack (tuning/WORKLOAD) lists two
-    candidates per stitched group, each a library holding an sm_90 cubin, and its runner."""
+    """``--tune-trials 2 --tune-model h200``: the workload's tuning pack (tuning/WORKLOAD)
+    lists two candidates per stitched group, the rules' kernel and the shipped model's pick,
+    each a library holding an sm_90 cubin, and its runner."""
     gpu_pack = importlib.import_module("gpu_pack")
     (workload,) = json.loads((cuda_pack / "manifest.json").read_text())["workloads"]
+    assert workload["tuning"]["model"] == "h200"
     tuning = cuda_pack / workload["tuning"]["pack"]
     manifest = json.loads((tuning / "manifest.json").read_text())
     assert manifest["runner"] == "local" and manifest["arch"] == "sm_90"
