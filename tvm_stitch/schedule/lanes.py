@@ -1,12 +1,14 @@
-"""Blocks whose lanes TVM computes one by one (``vectors.lane_blocks``): their lanes are
-computed into a register vector of the thread, and their global inputs and outputs move
-between it and global memory as whole vectors.
+"""Blocks computed lane by lane (``vectors.lane_blocks``): their lanes are computed into a
+register vector of the thread, one lane at a time, and their data moves between it and
+global or shared memory as whole vectors.
 
 TVM's VectorizeLoop turns a vectorised loop whose body calls an intrinsic without a vector
 form (``erf``) into a serial loop over the lanes, loads and stores included: a warp's store
-then writes a quarter of each cache line it touches, four times. Here the block reads its
-global inputs from register copies loaded a vector at a time and writes its outputs into a
-register vector stored at once; only the arithmetic runs lane by lane.
+then writes a quarter of each cache line it touches, four times; and it types the float32
+values of an eight-lane float16 block as eight-float vectors that TVM's CUDA code cannot
+build. Here the block reads its inputs from register copies loaded a vector at a time and
+writes its outputs into a register vector stored at once; only the arithmetic runs lane by
+lane (as a GPU runs it anyway: it has no float32 vector arithmetic).
 """
 
 from __future__ import annotations
@@ -15,15 +17,16 @@ import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 
-from .blocks import LOCAL, name_of
+from .blocks import LOCAL, SHARED, name_of
 from .vectors import uses
 
 
 def register_lanes(sch: s_tir.Schedule, names: tuple[str, ...], vector: int) -> None:
     """Give each block of ``names`` (mapped: its innermost loop the vectorised lanes) a
     register vector for every global buffer it writes, stored a vector at a time, and one for
-    every global buffer whose reads all move with its lanes, loaded a vector at a time.
-    Asserts that each copy moves exactly one vector of the thread."""
+    every global or shared buffer whose reads all move with its lanes, loaded a vector at a
+    time; its lanes then run one by one (unrolled). Asserts that each copy moves exactly
+    one vector of the thread."""
     for name in names:
         block = sch.get_sblock(name)
         loops = sch.get_loops(block)
@@ -49,17 +52,20 @@ def register_lanes(sch: s_tir.Schedule, names: tuple[str, ...], vector: int) -> 
             local = sch.get(copy).writes[0].source
             sch.transform_layout(copy, ("write", 0), lane_map(local, vector),
                                  assume_injective_transform=True)
+        # one lane at a time, never a vector TVM would type wider than its lanes allow
+        sch.unroll(sch.get_loops(block)[-1])
 
 
 def _moving_inputs(block: s_tir.stmt.SBlock) -> list[tirx.Buffer]:
-    """The global buffers ``block`` reads only at places that move with its lanes (each read
-    one element, a different one in every lane): a copy of one vector holds them."""
+    """The global and shared buffers ``block`` reads only at places that move with its
+    lanes (each read one element, a different one in every lane): a copy of one vector
+    holds them."""
     inner = block.iter_vars[-1].var
     found: dict[str, tirx.Buffer] = {}
     moving: dict[str, bool] = {}
     for region in block.reads:
         buffer = region.source
-        if buffer.scope() != "global":
+        if buffer.scope() not in ("global", SHARED):
             continue
         found[buffer.name] = buffer
         last = region.region[-1]

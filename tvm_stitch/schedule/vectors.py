@@ -9,6 +9,8 @@ from tvm import s_tir, tirx
 from tvm.s_tir.schedule import SBlockRV
 from tvm.sym import Analyzer
 
+from .mapping import VECTOR_BYTES
+
 
 def aligned_vectors(block: s_tir.stmt.SBlock, vector: int) -> bool:
     """Whether every vector of ``vector`` consecutive values of ``block``'s innermost
@@ -144,12 +146,16 @@ def vector_reads(sch: s_tir.Schedule, blocks: list[SBlockRV], vector: int
 def lane_blocks(sch: s_tir.Schedule, blocks: list[SBlockRV], vector: int
                 ) -> tuple[str, ...]:
     """The names of the spatial blocks among ``blocks`` that take ``vector`` lanes
-    (``aligned_vectors``, ``lanes_fit_booleans``) and access global memory, but call an
-    intrinsic that TVM's VectorizeLoop has no vector form of (no ``TVectorizable``: ``erf``,
-    ``rsqrt``, ``log1p``) on a value that differs between lanes: VectorizeLoop then runs
-    their lanes one by one, every load and store a scalar (bias + GELU stored a thread's four
-    floats with four instructions, each a quarter of a cache line per warp). The plan has
-    them compute their lanes into registers and move their global data in whole vectors."""
+    (``aligned_vectors``, ``lanes_fit_booleans``) and access global memory, but whose lanes
+    TVM's code would not compute as one vector: they call an intrinsic that TVM's
+    VectorizeLoop has no vector form of (no ``TVectorizable``: ``erf``, ``rsqrt``,
+    ``log1p``) on a value that differs between lanes, so VectorizeLoop runs their lanes one
+    by one, every load and store a scalar (bias + GELU stored a thread's four floats with
+    four instructions, each a quarter of a cache line per warp); or they compute values
+    wider than a vector of ``VECTOR_BYTES`` holds (a float16 LayerNorm of eight lanes that
+    normalises in float32: TVM's CUDA code generator prints eight floats as a
+    ``make_ulonglong4`` that nvcc rejects). The plan has them compute their lanes into
+    registers one by one and move their data in whole vectors."""
     if vector == 1:
         return ()
     found: list[str] = []
@@ -159,9 +165,31 @@ def lane_blocks(sch: s_tir.Schedule, blocks: list[SBlockRV], vector: int
                 or not aligned_vectors(block, vector) or not lanes_fit_booleans(block, vector):
             continue
         if any(r.source.scope() == "global" for r in (*block.reads, *block.writes)) \
-                and _lane_by_lane(block):
+                and (_lane_by_lane(block) or computed_bytes(block) * vector > VECTOR_BYTES):
             found.append(block.name_hint)
     return tuple(found)
+
+
+def computed_bytes(block: s_tir.stmt.SBlock) -> int:
+    """Bytes of the widest value ``block`` reads, writes or computes (floating-point casts
+    inside it included, not the index casts of its accesses)."""
+    casts: list[tirx.Cast] = []
+    tvm_ffi.structural_walk(block.body, [(tirx.Cast, casts.append)])
+    return max([_bytes(r.source.dtype) for r in (*block.reads, *block.writes)]
+               + [_bytes(c.ty.dtype) for c in casts
+                  if str(c.ty.dtype).startswith(("float", "bfloat"))])
+
+
+def moving_regions(block: s_tir.stmt.SBlock) -> list[tvm.ir.TensorRegion]:
+    """The accesses of ``block`` whose element moves with its innermost iterator: those a
+    block computed lane by lane loads or stores in vectors."""
+    inner = block.iter_vars[-1].var
+    return [r for r in (*block.reads, *block.writes)
+            if any(uses(d.min, inner) for d in r.region)]
+
+
+def _bytes(dtype: tvm.DataType) -> int:
+    return max(dtype.bits * dtype.lanes // 8, 1)
 
 
 def _lane_by_lane(block: s_tir.stmt.SBlock) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from math import prod
 
+import tvm
 from tvm import s_tir, tirx
 
 from ...analysis.roofline import GPU
@@ -94,7 +95,7 @@ def decide_rows(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: in
     choices = group.choices
     reread_chosen(dec, choices)
     dec.reductions = sum(1 for info in infos.values() if info.is_reduction)
-    vector = chosen_vector(row_vector(length, widest_element(sch, func)), choices)
+    vector = chosen_vector(row_vector(length, widest_element(sch, func, by_lanes=True)), choices)
     mapped = (bound or SYMBOLIC_ROW_LENGTH) if is_symbolic(length) else length
     if is_symbolic(rows):  # packed rows: the last block's rows past the end are guarded
         mapping = replace(row_mapping(rows, mapped, None, max_threads, gpu, vector),
@@ -221,7 +222,8 @@ def decide_inlining(sch: s_tir.Schedule, func: tirx.PrimFunc, infos: dict[str, B
         users = readers(sch, buffer, exclude=block)
         sites = sum(load_count(sch, u, buffer) for u in users)
         gathered = len(readers(sch, buffer, exclude=block, affine=True)) < len(users)
-        if gathered or not info.element_iters or (len(users) == 1 and sites == 1):
+        if gathered or not info.element_iters or (len(users) == 1 and sites == 1) \
+                or _widened_input(sch, func, block):
             try:
                 inline(sch, block)
                 dec.inlined.append(name)
@@ -233,6 +235,23 @@ def decide_inlining(sch: s_tir.Schedule, func: tirx.PrimFunc, infos: dict[str, B
         note = f"read by {len(users)} block(s) at {sites} place(s)"
         dec.regional.append(Staging(buffer.name, BufferRole.INTERMEDIATE,
                                     row_elements(buffer, rows) * bytes_of(buffer), note, name))
+
+
+def _widened_input(sch: s_tir.Schedule, func: tirx.PrimFunc, block: s_tir.SBlockRV) -> bool:
+    """Whether ``block`` only casts an input's element to a wider type (float16 to float32
+    before a softmax): inlined, its readers stage the narrower input instead of the wide
+    copy (half the shared memory), and the rows move in vectors as wide as the input
+    allows."""
+    stmt = sch.get(block)
+    body = stmt.body
+    if not (isinstance(body, tirx.BufferStore) and isinstance(body.value, tirx.Cast)):
+        return False
+    load = body.value.value
+    params = {p.name for p in buffer_params(func)}
+    return isinstance(load, tvm.ir.TensorLoad) and load.source.name in params \
+        and load.source.dtype.bits < body.value.ty.dtype.bits \
+        and all(a.same_as(b) for a, b in zip(load.indices, body.indices, strict=False)) \
+        and len(load.indices) == len(body.indices)
 
 
 def decide_staging(sch: s_tir.Schedule, func: tirx.PrimFunc, infos: dict[str, BlockRows],

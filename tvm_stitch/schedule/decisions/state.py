@@ -6,16 +6,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from math import prod
 
-import tvm_ffi
 from tvm import s_tir, tirx
 
 from ...analysis.roofline import GPU
 from ...plan import Buffer, BufferRole, Demotion, Launch, StorageLevel, ThreadMapping
 from ...symbolic import shape_values
 from ...target import WARP_SIZE
-from ..blocks import buffer_params, child_blocks
+from ..blocks import buffer_params, child_blocks, name_of, split_sinks
 from ..occupancy import aligned_shared, cached_elements_cap, launch_config
 from ..rows import Unstitchable
+from ..vectors import computed_bytes, moving_regions, spatial_block
 
 
 @dataclass
@@ -91,23 +91,29 @@ def bytes_of(buffer: tirx.Buffer) -> int:
     return max(buffer.dtype.bits * buffer.dtype.lanes // 8, 1)
 
 
-def widest_element(sch: s_tir.Schedule, func: tirx.PrimFunc) -> int:
+def widest_element(sch: s_tir.Schedule, func: tirx.PrimFunc, by_lanes: bool = False) -> int:
     """Bytes of the widest element any block reads, writes or computes, parameters,
     intermediates and floating-point values cast inside a block alike (not the index casts
     of its accesses): a vector must fit ``VECTOR_BYTES``
     in every dtype it is applied to (a float16 kernel that normalises in float32 takes four
     lanes, not eight; so does one that casts to float32 and back in one inlined block, whose
     float32 vector of eight TVM's CUDA code generator prints as a ``ulonglong4`` made of
-    eight floats, which nvcc rejects: fuzz graph 3120:47)."""
-    blocks = [sch.get(b) for b in child_blocks(sch)]
-    regions = (r for b in blocks for r in (*b.reads, *b.writes))
-    casts: list[tirx.Cast] = []
-    for block in blocks:
-        tvm_ffi.structural_walk(block.body, [(tirx.Cast, casts.append)])
-    return max([bytes_of(p) for p in buffer_params(func)]
-               + [bytes_of(r.source) for r in regions]
-               + [c.ty.dtype.bits * c.ty.dtype.lanes // 8 for c in casts
-                  if str(c.ty.dtype).startswith(("float", "bfloat"))])
+    eight floats, which nvcc rejects: fuzz graph 3120:47).
+
+    ``by_lanes`` (a row group): its reductions and the sinks compute their lanes one by one
+    (a reduction's lanes are a serial loop; a sink of a vector wider than its computed
+    values allow is a lane block, ``vectors.lane_blocks``), so they count only the elements
+    that move with their lanes, which they load and store in whole vectors: a float16
+    LayerNorm that normalises in float32 then reads and writes eight halves per access."""
+    lane_wise = {name_of(sch, b) for b in split_sinks(sch)[0]} if by_lanes else set()
+    widths = [bytes_of(p) for p in buffer_params(func)]
+    for block in (sch.get(b) for b in child_blocks(sch)):
+        if by_lanes and block.iter_vars and (
+                block.name_hint in lane_wise or not spatial_block(block)):
+            widths += [bytes_of(r.source) for r in moving_regions(block)]
+        else:
+            widths.append(computed_bytes(block))
+    return max(widths)
 
 
 def shared_bytes_of(dec: Decisions, mapping: ThreadMapping) -> int:
