@@ -48,6 +48,7 @@ from ..transform.guarded_updates import (
 )
 from ..transform.online_softmax import with_online_softmax
 from ..transform.settle_bounds import settle_bounds
+from ..transform.uniform_conditions import uniform_conditions
 from .blocks import (
     LOCAL,
     SCOPES,
@@ -208,7 +209,8 @@ def rewritten(func: tirx.PrimFunc, group: Group) -> Rewritten:
     see the blocks it maps) and emission both take: prepared, layout moves permuted, the
     outputs read inside cached, Local blocks inlined, Regional ones given their scope,
     inputs staged; every row block in (row, element) form; for a Global group also rows
-    split, partial sums made and the blocks ordered by phase."""
+    split, partial sums made and the blocks ordered by phase; the conditions that are the
+    same for every lane of a vector stated once per vector (``uniform_conditions``)."""
     if group.mapping is None:
         raise Unstitchable(f"group {group.id} has no thread mapping")
     func = with_online_softmax(prepare(func), group.online)
@@ -227,6 +229,8 @@ def rewritten(func: tirx.PrimFunc, group: Group) -> Rewritten:
     block_caches = _apply_storage(sch, func, group)
     if group.mapping.kind is not MappingKind.FLAT:
         flatten_rows(sch, group.mapping.rows, block_caches)
+    if group.mapping.vector > 1:  # a concatenation's condition once per vector
+        sch = s_tir.Schedule(uniform_conditions(sch.mod["main"], group.mapping.vector))
     return Rewritten(sch, block_caches)
 
 

@@ -9,6 +9,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir.schedule import SBlockRV
 from tvm.sym import Analyzer
 
+from ..transform.uniform_conditions import IF_THEN_ELSE, lane_uniform
 from .mapping import VECTOR_BYTES
 
 
@@ -68,19 +69,37 @@ def lanes_fit_booleans(block: s_tir.stmt.SBlock, vector: int) -> bool:
     value in it (computed or moved), at most ``MAX_BOOLEAN_LANES`` with one, and one when a
     boolean value is the same for every lane (a comparison of the row's maximum): TVM's CUDA
     code generator declares such a broadcast as a vector of the select's type
-    (``float4 v = make_ushort4(...)``), which nvcc rejects (fuzz seed 2027, graph 85)."""
+    (``float4 v = make_ushort4(...)``), which nvcc rejects (fuzz seed 2027, graph 85). The
+    condition of an ``if_then_else`` that is the same for every lane of an aligned vector
+    (``uniform_conditions``: emission states it once per vector) is no boolean lane."""
     if vector == 1:
         return True
+    inner = block.iter_vars[-1].var if block.iter_vars else None
+    uniform: list[tvm.ir.Expr] = []  # conditions stated once per vector (uniform_conditions)
+    if inner is not None:
+        tvm_ffi.structural_walk(block.body, [(tvm.ir.Call, lambda c: _uniform_parts(
+            c, inner, vector, uniform))])
     found: list[tvm.ir.Expr] = []
     tvm_ffi.structural_walk(block.body, [(tvm.ir.Expr, lambda e: found.append(e)
-                                          if str(e.ty.dtype).startswith("bool") else None)])
-    inner = block.iter_vars[-1].var if block.iter_vars else None
+                                          if str(e.ty.dtype).startswith("bool")
+                                          and not any(e.same_as(u) for u in uniform)
+                                          else None)])
     if any(inner is None or not uses(e, inner) for e in found):
         return False
     if vector <= MAX_BOOLEAN_LANES:
         return True
     return not found and all(str(r.source.dtype) != "bool"
                              for r in (*block.reads, *block.writes))
+
+
+def _uniform_parts(call: tvm.ir.Call, inner: tvm.ir.Var, vector: int,
+                   out: list[tvm.ir.Expr]) -> None:
+    """Add the condition of ``call`` (an ``if_then_else`` whose condition depends on
+    ``inner`` and is the same for every lane) and every expression in it to ``out``."""
+    if not call.op.same_as(IF_THEN_ELSE) or not uses(call.args[0], inner) \
+            or not lane_uniform(call.args[0], inner, vector):
+        return
+    tvm_ffi.structural_walk(call.args[0], [(tvm.ir.Expr, out.append)])
 
 
 def uses(expr: tvm.ir.Expr, var: tvm.ir.Var) -> bool:
