@@ -85,6 +85,7 @@ K = tvm.ir.Var("k", "int32")
     (J * 2 < 32, 4, False), (J < K, 4, False), (J - K * 4 < 8, 4, True),
     (tirx.And(16 <= J, J < 48), 8, True), (tirx.Or(J < 16, 49 <= J), 8, False),
     (tirx.Not(J < 16), 4, True), (K < 3, 4, True),
-    (32 <= J - tirx.floormod(J, 4), 4, True)])
+    (32 <= J - tirx.floormod(J, 4), 4, True),
+    (tirx.Cast("float32", J) < tirx.FloatImm("float32", 32.0), 4, False)])
 def test_lane_uniform(cond, vector, uniform) -> None:
     assert lane_uniform(cond, J, vector) is uniform

@@ -37,6 +37,8 @@ def lane_uniform(cond: tvm.ir.PrimExpr, var: tvm.ir.Var, vector: int) -> bool:
          tirx.GT: lambda a, b: a - b - 1, tirx.GE: lambda a, b: a - b}[type(cond)](cond.a,
                                                                              cond.b)
     dtype = str(var.ty.dtype)
+    if str(e.ty.dtype) != dtype:  # a comparison of values, not of positions
+        return False
     q, lane = tvm.ir.Var("vector_index", dtype), tvm.ir.Var("lane", dtype)
     ana = Analyzer()
     ana.bind(q, tvm.ir.Range(0, 1 << 30))
