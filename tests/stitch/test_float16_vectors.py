@@ -66,7 +66,7 @@ NORMS = [("ln", (8192, 768)), ("ln", (8, 512, 768)), ("rms", (2048, 4096))]
 @pytest.mark.parametrize(("kind", "shape"), NORMS)
 def test_float16_norms_move_eight_halves_per_access(kind, shape, arch) -> None:
     _, scheduled, group = _lowered(kind, shape)
-    assert group.mapping.vector == 8 and group.lane_blocks, group
+    assert group.mapping.vector == 8, group
     source = module_cuda_source(scheduled, arch)
     accesses = global_accesses(source, arch)
     # x, gamma (and beta) loaded, y stored, all 16 bytes at a time: no 8-byte vectors left
@@ -81,7 +81,7 @@ def test_float16_norms_move_eight_halves_per_access(kind, shape, arch) -> None:
 def test_float16_rows_match_onnxruntime(kind, shape) -> None:
     model, scheduled, group = _lowered(kind, shape)
     if kind != "softmax":
-        assert group.mapping.vector == 8 and group.lane_blocks, group
+        assert group.mapping.vector == 8, group
     assert verify.run_simt(scheduled, model).ok
 
 

@@ -5,6 +5,7 @@ through a transpose is one of them. Owner: schedule/vectors.py, schedule/emit.py
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import tvm_ffi
 from stitch_helpers import stitched_functions
@@ -15,6 +16,7 @@ from tvm_stitch.plan import GROUP_ATTR, StitchPlan
 from tvm_stitch.testing.differential import check_model
 from tvm_stitch.workloads import registry
 from tvm_stitch.workloads.graph import GraphBuilder
+from tvm_stitch.workloads.inputs import integers
 
 
 def _vectorised(func: tirx.PrimFunc) -> set[str]:
@@ -59,3 +61,24 @@ def test_no_block_the_plan_keeps_scalar_is_vectorised(name: str) -> None:
         assert not set(group.scalar_blocks) & vectorised, (group.scalar_blocks, vectorised)
         if group.mapping.vector > 1 and not group.scalar_blocks:
             assert vectorised, group  # the plan's vectors are in the kernel
+
+
+def test_an_embedding_row_gathered_by_token_id_moves_in_vectors() -> None:
+    """GPT-2's embedding as torch exports it: the token id made non-negative (Less, Add,
+    Where), the row gathered, the position added, then LayerNorm. The id's selection is the
+    same for every lane (a scalar per row, not a boolean lane) and the int64 ids are read
+    once per row, so the gathered row moves four floats per access (it was read a float at a
+    time)."""
+    vocab, width = 1000, 256
+    g = GraphBuilder("embedding")
+    ids = g.input("ids", (4, 64), np.int64, dist=integers(-vocab, vocab))
+    wrapped = g.op("Where", g.op("Less", ids, g.constant(0, dtype=np.int64)),
+                   g.op("Add", ids, g.constant(vocab, dtype=np.int64)), ids)
+    rows = g.op("Add", g.op("Gather", g.weight("table", (vocab, width)), wrapped),
+                g.weight("position", (64, width)))
+    built = g.model([rows, g.op("LayerNormalization", rows, g.weight("g", (width,), 1.0, 0.2),
+                                g.weight("b", (width,)), axis=-1)])
+    ((group, vectorised),) = _planned_and_emitted(built)
+    assert group.mapping.vector == 4 and "T_take" not in group.scalar_blocks, group
+    outcome = check_model(built, "stitch")
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)

@@ -71,14 +71,16 @@ def lanes_fit_booleans(block: s_tir.stmt.SBlock, vector: int) -> bool:
     code generator declares such a broadcast as a vector of the select's type
     (``float4 v = make_ushort4(...)``), which nvcc rejects (fuzz seed 2027, graph 85). The
     condition of an ``if_then_else`` that is the same for every lane of an aligned vector
-    (``uniform_conditions``: emission states it once per vector) is no boolean lane."""
+    (``uniform_conditions``: emission states it once per vector) is no boolean lane, nor is
+    one inside a selection that is the same for every lane as a whole (a scalar)."""
     if vector == 1:
         return True
     inner = block.iter_vars[-1].var if block.iter_vars else None
     uniform: list[tvm.ir.Expr] = []  # conditions stated once per vector (uniform_conditions)
     if inner is not None:
-        tvm_ffi.structural_walk(block.body, [(tvm.ir.Call, lambda c: _uniform_parts(
-            c, inner, vector, uniform))])
+        tvm_ffi.structural_walk(block.body, [
+            (tvm.ir.Call, lambda c: _uniform_parts(c, inner, vector, uniform)),
+            (tirx.Select, lambda s: _scalar_parts(s, inner, uniform))])
     found: list[tvm.ir.Expr] = []
     tvm_ffi.structural_walk(block.body, [(tvm.ir.Expr, lambda e: found.append(e)
                                           if str(e.ty.dtype).startswith("bool")
@@ -100,6 +102,14 @@ def _uniform_parts(call: tvm.ir.Call, inner: tvm.ir.Var, vector: int,
             or not lane_uniform(call.args[0], inner, vector):
         return
     tvm_ffi.structural_walk(call.args[0], [(tvm.ir.Expr, out.append)])
+
+
+def _scalar_parts(select: tirx.Select, inner: tvm.ir.Var, out: list[tvm.ir.Expr]) -> None:
+    """Add every expression of ``select`` to ``out`` when none of it depends on ``inner``:
+    TVM's VectorizeLoop computes it once, as a scalar (a gathered row's index, normalised
+    for negative ids), and broadcasts only its value."""
+    if not uses(select, inner):
+        tvm_ffi.structural_walk(select, [(tvm.ir.Expr, out.append)])
 
 
 def uses(expr: tvm.ir.Expr, var: tvm.ir.Var) -> bool:
@@ -190,11 +200,14 @@ def lane_blocks(sch: s_tir.Schedule, blocks: list[SBlockRV], vector: int
 
 
 def computed_bytes(block: s_tir.stmt.SBlock) -> int:
-    """Bytes of the widest value ``block`` reads, writes or computes (floating-point casts
-    inside it included, not the index casts of its accesses)."""
+    """Bytes of the widest value ``block`` moves with its lanes or computes (floating-point
+    casts inside it included, not the index casts of its accesses). A value read at the same
+    place for every lane (a row's int64 token id, a row's mean) is a scalar of the thread,
+    not a vector: where it joins the lanes' values, a cast does."""
+    regions = moving_regions(block) if block.iter_vars else [*block.reads, *block.writes]
     casts: list[tirx.Cast] = []
     tvm_ffi.structural_walk(block.body, [(tirx.Cast, casts.append)])
-    return max([_bytes(r.source.dtype) for r in (*block.reads, *block.writes)]
+    return max([_bytes(r.source.dtype) for r in (*regions, *block.writes)]
                + [_bytes(c.ty.dtype) for c in casts
                   if str(c.ty.dtype).startswith(("float", "bfloat"))])
 

@@ -104,9 +104,12 @@ def widest_element(sch: s_tir.Schedule, func: tirx.PrimFunc, by_lanes: bool = Fa
     (a reduction's lanes are a serial loop; a sink of a vector wider than its computed
     values allow is a lane block, ``vectors.lane_blocks``), so they count only the elements
     that move with their lanes, which they load and store in whole vectors: a float16
-    LayerNorm that normalises in float32 then reads and writes eight halves per access."""
+    LayerNorm that normalises in float32 then reads and writes eight halves per access; an
+    embedding row gathered by an int64 token id moves four floats."""
     lane_wise = {name_of(sch, b) for b in split_sinks(sch)[0]} if by_lanes else set()
-    widths = [bytes_of(p) for p in buffer_params(func)]
+    # by lanes, a parameter counts where it moves with some block's lanes (a row's token id,
+    # read once per row, does not narrow the vectors of the embedding row it selects)
+    widths = [] if by_lanes else [bytes_of(p) for p in buffer_params(func)]
     for block in (sch.get(b) for b in child_blocks(sch)):
         if by_lanes and block.iter_vars and (
                 block.name_hint in lane_wise or not spatial_block(block)):
