@@ -63,6 +63,36 @@ def test_rotary_embedding_moves_whole_vectors(dtype) -> None:
     assert accesses and all(".v4." in a for a in accesses), accesses
 
 
+def _attention_inputs(batch: int, seq: int, width: int) -> onnx.ModelProto:
+    """DIEN's attention inputs: ``Concat(q, k, q - k, q * k)`` of a query broadcast over
+    the sequence of behaviours, pieces of ``width`` (36: no power of two)."""
+    query = helper.make_tensor_value_info("q", TensorProto.FLOAT, [batch, 1, width])
+    keys = helper.make_tensor_value_info("k", TensorProto.FLOAT, [batch, seq, width])
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, seq, 4 * width])
+    shape = numpy_helper.from_array(np.array([batch, seq, width], np.int64), "shape")
+    nodes = [helper.make_node("Expand", ["q", "shape"], ["qe"]),
+             helper.make_node("Sub", ["qe", "k"], ["d"]),
+             helper.make_node("Mul", ["qe", "k"], ["p"]),
+             helper.make_node("Concat", ["qe", "k", "d", "p"], ["y"], axis=2)]
+    graph = helper.make_graph(nodes, "attention_inputs", [query, keys], [out], [shape])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+@pytest.mark.nvcc
+def test_concatenated_attention_inputs_move_whole_vectors() -> None:
+    """At DIEN's real size (512 x 100 behaviours of 36)."""
+    model = _attention_inputs(512, 100, 36)
+    scheduled = pipeline.lower(import_model(model), "cuda:sm_90", "stitch")
+    (group,) = StitchPlan.of_module(scheduled).groups
+    assert group.mapping.vector == 4 and not group.scalar_blocks, group
+    accesses = global_accesses(module_cuda_source(scheduled, "sm_90"), "sm_90")
+    assert accesses and all(".v4." in a for a in accesses), accesses
+    small = _attention_inputs(64, 16, 36)  # enough blocks for vectors of 4
+    scheduled = pipeline.lower(import_model(small), "cuda:sm_90", "stitch")
+    assert StitchPlan.of_module(scheduled).groups[0].mapping.vector == 4
+    assert verify.run_simt(scheduled, small).ok
+
+
 @pytest.mark.parametrize(("shape", "dtype"), [((2, 4, 64, 64), TensorProto.FLOAT),
                                               ((2, 4, 64, 64), TensorProto.FLOAT16),
                                               ((2, 3, 16, 66), TensorProto.FLOAT)])
@@ -85,7 +115,7 @@ K = tvm.ir.Var("k", "int32")
     (J * 2 < 32, 4, False), (J < K, 4, False), (J - K * 4 < 8, 4, True),
     (tirx.And(16 <= J, J < 48), 8, True), (tirx.Or(J < 16, 49 <= J), 8, False),
     (tirx.Not(J < 16), 4, True), (K < 3, 4, True),
-    (32 <= J - tirx.floormod(J, 4), 4, True),
+    (32 <= J - tirx.floormod(J, 4), 4, True), (32 <= tirx.floordiv(J, 4) * 4, 4, True),
     (tirx.Cast("float32", J) < tirx.FloatImm("float32", 32.0), 4, False)])
 def test_lane_uniform(cond, vector, uniform) -> None:
     assert lane_uniform(cond, J, vector) is uniform

@@ -4,8 +4,10 @@ its boundary falls on a multiple of the vector: ``32 <= j`` for vectors of 4 or 
 VectorizeLoop cannot see that: it types the condition as a vector of booleans and runs the
 lanes one by one, every load a scalar (LLaMA's rotary embedding read a thread's four floats
 with four loads per source), or, for eight lanes, cannot type it at all. Stated at the
-vector's first lane (``32 <= j - j % 4``), which is equal for every ``j``, it simplifies to
-one condition per vector, and each branch loads whole vectors.
+vector's first lane (``32 <= j // 4 * 4``), which is equal for every ``j``, it simplifies to
+one condition per vector, and each branch loads whole vectors (also where ``j`` is itself a
+remainder by a width that is no power of two: DIEN's concatenation of four pieces of 36;
+``j - j % 4`` would not simplify there).
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ def uniform_conditions(func: tirx.PrimFunc, vector: int) -> tirx.PrimFunc:
             return block
         inner = block.iter_vars[-1].var
         dtype = str(inner.ty.dtype)
-        first = inner - tirx.floormod(inner, tirx.IntImm(dtype, vector))
+        first = tirx.floordiv(inner, tirx.IntImm(dtype, vector)) * tirx.IntImm(dtype, vector)
 
         def on_call(call: tvm.ir.Call) -> tvm.ir.PrimExpr:
             if not call.op.same_as(IF_THEN_ELSE):
