@@ -101,20 +101,10 @@ def compile_cuda(source: str, arch: str) -> str:
     return proc.stderr
 
 
-_GLOBAL_ACCESS = re.compile(r"\b(ld\.global[.\w]*|st\.global[.\w]*)")
-
-
 def global_accesses(source: str, arch: str) -> set[str]:
-    """The global load and store instructions (``ld.global.nc.v4.u32``, ...) of CUDA
-    ``source`` compiled to PTX for ``arch`` with the options TVM's nvcc path uses."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path, ptx = Path(tmp) / "kernels.cu", Path(tmp) / "kernels.ptx"
-        path.write_text(source)
-        proc = subprocess.run([ptxas.find_nvcc(), f"-arch={arch}", "-ptx", "-O3",
-                               "--use_fast_math", "-o", str(ptx), str(path)],
-                              capture_output=True, text=True, check=False)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        return set(_GLOBAL_ACCESS.findall(ptx.read_text()))
+    """The global load and store instructions (``ld.global.nc.v4.u32``, ...) of every kernel
+    of CUDA ``source`` compiled to PTX for ``arch``."""
+    return {a for counts in ptxas.global_accesses(source, arch).values() for a in counts}
 
 
 def spills(report: str) -> list[tuple[int, int]]:

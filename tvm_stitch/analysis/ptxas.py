@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections import Counter
 from dataclasses import dataclass
 
 from ..lowering import LoweredFunc
@@ -122,6 +123,46 @@ def _compile(nvcc: str, source: str, arch: str) -> dict[str, KernelResources]:
     if not resources:
         raise PtxasError(f"no kernel found in the ptxas output:\n{output}")
     return resources
+
+
+_GLOBAL_ACCESS = re.compile(r"\b((?:ld|st)\.global[.\w]*)")
+_PTX_ENTRY = re.compile(r"\.entry\s+(\w+)")
+
+_WIDTH_BYTES = {"b8": 1, "u8": 1, "s8": 1, "b16": 2, "u16": 2, "s16": 2, "f16": 2,
+                "b32": 4, "u32": 4, "s32": 4, "f32": 4, "b64": 8, "u64": 8, "s64": 8,
+                "f64": 8}
+
+
+def global_accesses(source: str, arch: str = "sm_90") -> dict[str, Counter[str]]:
+    """The global load and store instructions (``ld.global.nc.v4.u32``, ...) of each kernel
+    of CUDA ``source``, counted in the PTX nvcc makes of it for ``arch`` with the options
+    TVM's nvcc path uses: the width a thread moves per access (``access_bytes``)."""
+    if not _ARCH.fullmatch(arch):
+        raise ValueError(f"architecture {arch!r} is not of the form sm_XX")
+    nvcc = find_nvcc()
+    with tempfile.TemporaryDirectory(prefix="tvm_stitch_ptx_") as tmp:
+        src, ptx = os.path.join(tmp, "kernels.cu"), os.path.join(tmp, "kernels.ptx")
+        with open(src, "w") as f:
+            f.write(source)
+        cmd = [nvcc, "-ptx", f"-arch={arch}", *_NVCC_OPTIONS, "-o", ptx, src]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise BuildError(f"nvcc failed ({' '.join(cmd)}):\n{proc.stdout + proc.stderr}")
+        with open(ptx) as f:
+            text = f.read()
+    found: dict[str, Counter[str]] = {}
+    starts = [(m.start(), m.group(1)) for m in _PTX_ENTRY.finditer(text)]
+    for (start, name), (end, _) in zip(starts, [*starts[1:], (len(text), "")], strict=True):
+        found[name] = Counter(_GLOBAL_ACCESS.findall(text, start, end))
+    return found
+
+
+def access_bytes(instruction: str) -> int:
+    """Bytes one thread moves with a global load or store instruction of PTX
+    (``ld.global.nc.v4.u32``: 16)."""
+    parts = instruction.split(".")
+    lanes = next((int(p[1:]) for p in parts if p in ("v2", "v4", "v8")), 1)
+    return lanes * _WIDTH_BYTES[parts[-1]]
 
 
 def lowered_resources(lowered: LoweredFunc, arch: str | None = None
