@@ -17,8 +17,8 @@ import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 
+from ..transform.expressions import uses
 from .blocks import LOCAL, SHARED, name_of
-from .vectors import uses
 
 
 def register_lanes(sch: s_tir.Schedule, names: tuple[str, ...], vector: int) -> None:

@@ -9,6 +9,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir.schedule import SBlockRV
 from tvm.sym import Analyzer
 
+from ..transform.expressions import substituted, uses
 from ..transform.uniform_conditions import IF_THEN_ELSE, lane_uniform
 from .mapping import VECTOR_BYTES
 
@@ -41,16 +42,12 @@ def aligned_vectors(block: s_tir.stmt.SBlock, vector: int) -> bool:
     ana.bind(lane, tvm.ir.Range(0, vector))
     spatial = spatial_block(block)
 
-    def at(index: tvm.ir.PrimExpr, value: tvm.ir.PrimExpr) -> tvm.ir.PrimExpr:
-        return tvm_ffi.structural_map(
-            index, [(tvm.ir.Var, lambda v: value if v.same_as(inner.var) else v)])
-
     for region in (*block.reads, *block.writes):
         index = _flat_index(region)
-        moved = at(index, at_vector)
+        moved = substituted(index, inner.var, at_vector)
         if moved.same_as(index):  # the same element for every lane: a broadcast
             continue
-        if spatial and ana.can_prove_equal(at(index, at_vector + lane), moved):
+        if spatial and ana.can_prove_equal(substituted(index, inner.var, at_vector + lane), moved):
             continue
         found = ana.modular_set(moved)
         if found.coeff % vector or found.base % vector:
@@ -110,13 +107,6 @@ def _scalar_parts(select: tirx.Select, inner: tvm.ir.Var, out: list[tvm.ir.Expr]
     for negative ids), and broadcasts only its value."""
     if not uses(select, inner):
         tvm_ffi.structural_walk(select, [(tvm.ir.Expr, out.append)])
-
-
-def uses(expr: tvm.ir.Expr, var: tvm.ir.Var) -> bool:
-    """Whether ``expr`` refers to ``var``."""
-    seen: list[tvm.ir.Var] = []
-    tvm_ffi.structural_walk(expr, [(tvm.ir.Var, seen.append)])
-    return any(v.same_as(var) for v in seen)
 
 
 def _flat_index(region: tvm.ir.TensorRegion) -> tvm.ir.PrimExpr:

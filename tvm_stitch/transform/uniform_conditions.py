@@ -17,6 +17,8 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.sym import Analyzer
 
+from .expressions import substituted, uses
+
 _COMPARISONS = (tirx.LT, tirx.LE, tirx.GT, tirx.GE)
 IF_THEN_ELSE = tvm.ir.Op.get("prim.if_then_else")
 
@@ -26,7 +28,7 @@ def lane_uniform(cond: tvm.ir.PrimExpr, var: tvm.ir.Var, vector: int) -> bool:
     ``l < vector`` of every vector ``q``: conjunctions, disjunctions and negations of
     comparisons that do not depend on ``var``, or that move with it by one per lane and
     change sign only at a multiple of ``vector``."""
-    if not _uses(cond, var):
+    if not uses(cond, var):
         return True
     if isinstance(cond, (tirx.And, tirx.Or)):
         return lane_uniform(cond.a, var, vector) and lane_uniform(cond.b, var, vector)
@@ -45,8 +47,8 @@ def lane_uniform(cond: tvm.ir.PrimExpr, var: tvm.ir.Var, vector: int) -> bool:
     ana = Analyzer()
     ana.bind(q, tvm.ir.Range(0, 1 << 30))
     ana.bind(lane, tvm.ir.Range(0, vector))
-    first = _at(e, var, q * tirx.IntImm(dtype, vector))
-    moved = ana.simplify(_at(e, var, q * tirx.IntImm(dtype, vector) + lane) - first)
+    first = substituted(e, var, q * tirx.IntImm(dtype, vector))
+    moved = ana.simplify(substituted(e, var, q * tirx.IntImm(dtype, vector) + lane) - first)
     if isinstance(moved, tirx.IntImm) and int(moved) == 0:
         return True
     found = ana.modular_set(first)
@@ -77,9 +79,9 @@ def uniform_conditions(func: tirx.PrimFunc, vector: int) -> tirx.PrimFunc:
             if not call.op.same_as(IF_THEN_ELSE):
                 return call
             cond, then, other = call.args
-            if not _uses(cond, inner) or not lane_uniform(cond, inner, vector):
+            if not uses(cond, inner) or not lane_uniform(cond, inner, vector):
                 return call
-            return tirx.if_then_else(_at(cond, inner, first), then, other)
+            return tirx.if_then_else(substituted(cond, inner, first), then, other)
 
         body = tvm_ffi.structural_map(block.body, [(tvm.ir.Call, on_call)])
         if body.same_as(block.body):
@@ -89,17 +91,6 @@ def uniform_conditions(func: tirx.PrimFunc, vector: int) -> tirx.PrimFunc:
                             block.annotations)
 
     return tvm_ffi.structural_map(func, [(s_tir.SBlock, on_block)])
-
-
-def _at(expr: tvm.ir.PrimExpr, var: tvm.ir.Var, value: tvm.ir.PrimExpr) -> tvm.ir.PrimExpr:
-    return tvm_ffi.structural_map(expr, [(tvm.ir.Var, lambda v: value if v.same_as(var)
-                                          else v)])
-
-
-def _uses(expr: tvm.ir.PrimExpr, var: tvm.ir.Var) -> bool:
-    seen: list[tvm.ir.Var] = []
-    tvm_ffi.structural_walk(expr, [(tvm.ir.Var, seen.append)])
-    return any(v.same_as(var) for v in seen)
 
 
 __all__ = ["IF_THEN_ELSE", "lane_uniform", "uniform_conditions"]

@@ -250,8 +250,8 @@ def _widened_input(sch: s_tir.Schedule, func: tirx.PrimFunc, block: s_tir.SBlock
     params = {p.name for p in buffer_params(func)}
     return isinstance(load, tvm.ir.TensorLoad) and load.source.name in params \
         and load.source.dtype.bits < body.value.ty.dtype.bits \
-        and all(a.same_as(b) for a, b in zip(load.indices, body.indices, strict=False)) \
-        and len(load.indices) == len(body.indices)
+        and len(load.indices) == len(body.indices) \
+        and all(a.same_as(b) for a, b in zip(load.indices, body.indices, strict=True))
 
 
 def decide_staging(sch: s_tir.Schedule, func: tirx.PrimFunc, infos: dict[str, BlockRows],
