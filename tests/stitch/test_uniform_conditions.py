@@ -13,7 +13,13 @@ import onnx
 import pytest
 import tvm
 from onnx import TensorProto, helper, numpy_helper
-from stitch_helpers import global_accesses, module_cuda_source
+from stitch_helpers import (
+    compile_cuda,
+    global_accesses,
+    module_cuda_source,
+    spills,
+    stack_frames,
+)
 from tvm import tirx
 
 from tvm_stitch import pipeline, verify
@@ -53,14 +59,18 @@ def _lowered(shape: tuple[int, ...], dtype: int):
 
 
 @pytest.mark.nvcc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("dtype", [TensorProto.FLOAT, TensorProto.FLOAT16])
-def test_rotary_embedding_moves_whole_vectors(dtype) -> None:
-    """LLaMA-7B's heads at a real length: (1, 32, 512, 128)."""
+def test_rotary_embedding_moves_whole_vectors(dtype, arch) -> None:
+    """LLaMA-7B's heads at a real length: (1, 32, 512, 128); no spills, no stack."""
     _, scheduled, group = _lowered((1, 32, 512, 128), dtype)
     assert group.mapping.vector == (4 if dtype == TensorProto.FLOAT else 8), group.mapping
     assert not group.scalar_blocks, group.scalar_blocks
-    accesses = global_accesses(module_cuda_source(scheduled, "sm_90"), "sm_90")
+    source = module_cuda_source(scheduled, arch)
+    accesses = global_accesses(source, arch)
     assert accesses and all(".v4." in a for a in accesses), accesses
+    report = compile_cuda(source, arch)
+    assert all(s == (0, 0) for s in spills(report)) and not any(stack_frames(report)), report
 
 
 def _attention_inputs(batch: int, seq: int, width: int) -> onnx.ModelProto:
