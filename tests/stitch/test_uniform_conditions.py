@@ -25,6 +25,7 @@ from tvm import tirx
 from tvm_stitch import pipeline, verify
 from tvm_stitch.frontend.onnx import import_model
 from tvm_stitch.plan import StitchPlan
+from tvm_stitch.testing.differential import check_model
 from tvm_stitch.transform.uniform_conditions import lane_uniform
 
 
@@ -100,7 +101,9 @@ def test_concatenated_attention_inputs_move_whole_vectors() -> None:
     small = _attention_inputs(64, 16, 36)  # enough blocks for vectors of 4
     scheduled = pipeline.lower(import_model(small), "cuda:sm_90", "stitch")
     assert StitchPlan.of_module(scheduled).groups[0].mapping.vector == 4
-    assert verify.run_simt(scheduled, small).ok
+    # onnxruntime's numbers on the SIMT runner, and ptxas' limits for sm_80 and sm_90
+    outcome = check_model(small, "stitch")
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
 
 
 @pytest.mark.parametrize(("shape", "dtype"), [((2, 4, 64, 64), TensorProto.FLOAT),
