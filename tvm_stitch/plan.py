@@ -148,7 +148,8 @@ class Choices:
     group's reductions read their inputs a vector at a time (``vector_reads``), whether
     an element-wise group walks its rows (``walk_rows``: a ROW_WALK mapping, else FLAT), and
     whether a row group's maximum and sum of exponentials (a softmax's) are one online
-    reduction (``online_softmax``, ``transform.online_softmax``).
+    reduction (``online_softmax``, ``transform.online_softmax``), and the blocks per
+    thread-block cluster of a split row group (``cluster``, 1: none; sm_90).
     ``schedule.decisions`` applies them and raises Unstitchable for an illegal one; the
     candidate space (``tuning.space``) offers only legal ones."""
 
@@ -164,6 +165,7 @@ class Choices:
     vector_reads: bool | None = None
     walk_rows: bool | None = None
     online_softmax: bool | None = None
+    cluster: int | None = None
 
     def __str__(self) -> str:
         fixed = [f"{f.name.replace('_', ' ')} {getattr(self, f.name)}" for f in fields(self)
@@ -390,7 +392,9 @@ class Group:
     intermediate kept in shared memory and every input staged there (Regional), plus what was
     demoted to global memory to fit ``shared_budget``. A group with Global edges runs as a
     persistent grid in ``phases`` separated by grid barriers; ``row_split`` > 1 splits each of
-    its rows over that many blocks (task splitting; the mapping's rows are then the sub-rows).
+    its rows over that many blocks (task splitting; the mapping's rows are then the sub-rows);
+    ``cluster`` > 1 launches them as thread-block clusters of that many blocks, which combine
+    their partials through distributed shared memory (``schedule.cluster``).
     ``permuted_copies`` are the copy blocks of layout moves of whole rows inlined into their
     readers, and ``permuted_outputs`` the outputs such a move writes at permuted rows
     (``schedule.row_permutation``). ``launch`` is its kernel's launch configuration.
@@ -427,6 +431,7 @@ class Group:
     launch: Launch | None = None
     phases: tuple[Phase, ...] = ()
     row_split: int = 1
+    cluster: int = 1
     permuted_copies: tuple[str, ...] = ()
     permuted_outputs: tuple[str, ...] = ()
     scalar_blocks: tuple[str, ...] = ()
@@ -439,8 +444,9 @@ class Group:
 
     @property
     def grid_barriers(self) -> int:
-        """Grid barriers of the kernel: one between consecutive phases."""
-        return max(0, len(self.phases) - 1)
+        """Grid barriers of the kernel: one between consecutive phases, none in a kernel of
+        clusters (its phases meet at cluster barriers)."""
+        return 0 if self.cluster > 1 else max(0, len(self.phases) - 1)
 
     @property
     def staged(self) -> tuple[Buffer, ...]:
@@ -570,6 +576,9 @@ def format_plan(plan: StitchPlan) -> str:
             lines.append(f"  shared memory {g.shared_bytes} of {g.shared_budget} B per block")
         if g.row_split > 1:
             lines.append(f"  task splitting: each row over {g.row_split} blocks")
+        if g.cluster > 1:
+            lines.append(f"  thread-block clusters of {g.cluster} blocks: partials combined "
+                         "through distributed shared memory, a cluster barrier per phase")
         if g.permuted_copies:
             lines.append(f"  layout moves stitched in: {', '.join(g.permuted_copies)} inlined"
                          + (f"; {', '.join(g.permuted_outputs)} written at permuted rows"
@@ -586,7 +595,8 @@ def format_plan(plan: StitchPlan) -> str:
         if g.launch is not None:
             lines.append(f"  launch {g.launch}")
         for i, ph in enumerate(g.phases):
-            barrier = "; grid barrier" if i + 1 < len(g.phases) else ""
+            kind = "cluster" if g.cluster > 1 else "grid"
+            barrier = f"; {kind} barrier" if i + 1 < len(g.phases) else ""
             tiles = (f": {ph.tasks // ph.column_tiles} row tiles x {ph.column_tiles} column "
                      "tiles" if ph.column_tiles > 1 else "")
             tiles += f", {ph.lanes} threads per column" if ph.lanes > 1 else ""

@@ -22,6 +22,11 @@ SIMT_CONCURRENT_BLOCKS = 8
 barrier runs with its real barrier only when its grid fits; schedules for the OpenCL target
 size persistent grids to it."""
 
+SIMT_MAX_WORK_ITEMS = 4096
+"""Most work-items of one work-group on the SIMT runner (PoCL's CPU device). A thread-block
+cluster runs there as one work-group, so clusters of more threads than this are not built:
+every kernel the stitcher emits must run on the SIMT runner."""
+
 
 def cuda_target(arch: str = "sm_90") -> Target:
     """A CUDA target for ``arch`` with the limits MetaSchedule and our schedules read."""
@@ -143,5 +148,5 @@ def is_gpu(target: Target) -> bool:
     return target.kind.name in ("cuda", "opencl")
 
 
-__all__ = ["DEFAULT_TARGET", "SIMT_CONCURRENT_BLOCKS", "TargetSpec", "cuda_target",
-           "describe", "opencl_target", "parse_target", "is_gpu", "target_argument"]
+__all__ = ["DEFAULT_TARGET", "SIMT_CONCURRENT_BLOCKS", "SIMT_MAX_WORK_ITEMS", "TargetSpec",
+           "cuda_target", "describe", "opencl_target", "parse_target", "is_gpu", "target_argument"]

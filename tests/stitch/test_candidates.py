@@ -1,7 +1,7 @@
 """Any candidate of the candidate space gives right numbers: for every ci-size workload of
 the zoo, the stitch flow with a random candidate (not the rules' kernel) for every group runs
 on the SIMT runner and matches onnxruntime, and its CUDA compiles for sm_80 and sm_90 without
-spills or stack frames."""
+spills or stack frames (for sm_90 alone when a candidate takes thread-block clusters)."""
 
 from __future__ import annotations
 
@@ -48,7 +48,8 @@ def test_a_random_candidate_of_every_group_matches_onnxruntime(name: str) -> Non
     if any(g.mapping is not None and g.mapping.rows > 1 for g in plan.groups):
         assert drawn, "no group had a candidate other than the rules' kernel"
     assert_matches(run_simt(model, scheduled, inputs), reference(model, inputs))
-    for arch in ("sm_80", "sm_90"):
+    clusters = any(g.cluster > 1 for g in plan.groups)  # built for sm_90 (the target) only
+    for arch in ("sm_90",) if clusters else ("sm_80", "sm_90"):
         report = compile_cuda(module_cuda_source(scheduled, arch), arch)
         found = spills(report)
         assert found and all(s == (0, 0) for s in found), (arch, report)

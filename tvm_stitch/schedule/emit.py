@@ -65,7 +65,8 @@ from .blocks import (
     written_params,
 )
 from .bounded import bound_on_chip, with_length_check
-from .grid_barrier import state_buffer
+from .cluster import clustered
+from .grid_barrier import grid_sync, state_buffer
 from .lanes import lane_map, register_lanes
 from .layout import flatten_rows
 from .persistent import (
@@ -117,7 +118,12 @@ def kernel(func: tirx.PrimFunc, group: Group) -> Kernel:
         assert relied, f"group {group.id} stages nothing of a symbolic size"
         out = with_length_check(out, settle_bounds(emit(func, beyond).mod["main"]), relied)
     state, workspaces = None, ()
-    if group.phases:
+    if group.cluster > 1:
+        launch = group.launch
+        assert launch is not None and all(p.tasks == launch.grid for p in group.phases), \
+            f"clusters take a task per block: {launch}, {group.phases}"
+        out = clustered(out, launch.grid, group.cluster)
+    elif group.phases:
         launch = group.launch
         if launch is None or launch.grid > launch.wave:
             raise Unstitchable(f"a persistent grid must fit one wave: {launch}")
@@ -127,7 +133,7 @@ def kernel(func: tirx.PrimFunc, group: Group) -> Kernel:
         params = list(out.params)
         first_output = min(params.index(p) for p in written_params(out, sch))
         out = with_root(out, params=params[:first_output] + [state] + params[first_output:])
-        out, lifted = lift_workspaces(persistent(out, launch.grid, state))
+        out, lifted = lift_workspaces(persistent(out, launch.grid, grid_sync(state)))
         # launched cooperatively, a grid that cannot be resident at once (a GPU with fewer
         # SMs than the target's) is refused by the driver instead of waiting at a barrier
         out = out.with_attr(KERNEL_LAUNCH_PARAMS, [COOPERATIVE_TAG])

@@ -55,6 +55,8 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 
+from .cluster import is_extern_call, with_cluster_dims
+
 GRID_SYNC = "tvm_stitch_grid_sync"
 """Name of the device function every thread calls at a grid barrier."""
 
@@ -125,9 +127,7 @@ def is_grid_sync(stmt: tirx.Stmt) -> bool:
 
 
 def _is_sync_call(expr: object) -> bool:
-    return (isinstance(expr, tvm.ir.Call) and getattr(expr.op, "name", "") == "tirx.call_extern"
-            and len(expr.args) > 0 and isinstance(expr.args[0], tvm.ir.StringImm)
-            and expr.args[0].value == GRID_SYNC)
+    return is_extern_call(expr, GRID_SYNC)
 
 
 def count_grid_barriers(func: tirx.PrimFunc) -> int:
@@ -149,11 +149,11 @@ _previous_postproc = tvm_ffi.get_global_func("tvm_callback_cuda_postproc", allow
 
 @tvm_ffi.register_global_func("tvm_callback_cuda_postproc", override=True)
 def _cuda_postproc(code: str, target: object = None) -> str:
-    """TVM's hook on generated CUDA source: define the grid barrier where it is called
-    (after any hook registered before ours)."""
+    """TVM's hook on generated CUDA source: define the grid barrier where it is called, and
+    give cluster kernels their size (``cluster``; after any hook registered before ours)."""
     if _previous_postproc is not None:
         code = str(_previous_postproc(code, target))
-    return with_definition(code, CUDA_DEFINITION)
+    return with_cluster_dims(with_definition(code, CUDA_DEFINITION))
 
 
 __all__ = ["GRID_SYNC", "STATE_DTYPE", "STATE_WORDS", "CUDA_DEFINITION", "OPENCL_DEFINITION",

@@ -19,7 +19,6 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
-from .grid_barrier import grid_sync
 from .rows import Unstitchable
 
 KERNEL_LAUNCH_PARAMS = "tirx.kernel_launch_params"
@@ -125,9 +124,10 @@ def _synced_after_loops(body: tirx.Stmt) -> tirx.Stmt:
     return tirx.SeqStmt(stmts)
 
 
-def persistent(func: tirx.PrimFunc, grid: int, state: tirx.Buffer) -> tirx.PrimFunc:
+def persistent(func: tirx.PrimFunc, grid: int, barrier: tirx.Stmt) -> tirx.PrimFunc:
     """Merge the launch nests under ``func``'s root block into one kernel of ``grid`` blocks
-    that loops over each nest's tasks, with a grid barrier on ``state`` between nests.
+    that loops over each nest's tasks, with ``barrier`` between nests (a grid barrier, or a
+    cluster's when every block shares data only with the blocks of its cluster).
 
     Inside each task, a block barrier follows every serial loop that other statements follow
     (``_synced_after_loops``). Every nest must launch the same threads per block. Raises
@@ -159,7 +159,7 @@ def persistent(func: tirx.PrimFunc, grid: int, state: tirx.Buffer) -> tirx.PrimF
             body = tirx.For(task, tirx.IntImm(dtype, 0), tirx.IntImm(dtype, trips),
                             tirx.ForKind.SERIAL, body)
         if parts:
-            parts.append(grid_sync(state))
+            parts.append(barrier)
         parts.append(body)
     extent = tirx.IntImm(dtype, grid)
     binding = tirx.IterVar(tvm.ir.Range(tirx.IntImm(dtype, 0), extent), bx,

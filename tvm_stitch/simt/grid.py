@@ -83,7 +83,7 @@ def spilled(kernel: tirx.PrimFunc, names: list[str]) -> tuple[tirx.PrimFunc, lis
     decls: list[tirx.DeclBuffer] = []
     tvm_ffi.structural_walk(kernel.body, [(tirx.DeclBuffer, decls.append)])
     for decl in decls:  # TVM's storage rewrite reuses a dead buffer's memory for another
-        of = _aliased(decl, moved[:spilled_buffers])
+        of = aliased(decl, moved[:spilled_buffers])
         if of is None:
             continue
         alias, (old, new, data, size) = decl.buffer, of
@@ -131,8 +131,9 @@ def spilled(kernel: tirx.PrimFunc, names: list[str]) -> tuple[tirx.PrimFunc, lis
     return tirx.PrimFunc(params, body, kernel.ret_type, kernel.attrs), spills
 
 
-def _aliased(decl: tirx.DeclBuffer, moved: list[tuple]) -> tuple | None:
-    """The entry of ``moved`` whose memory ``decl`` declares a buffer in
+def aliased(decl: tirx.DeclBuffer, moved: list[tuple]) -> tuple | None:
+    """The entry of ``moved`` (whose first item is a buffer) whose memory ``decl`` declares
+    a buffer in
     (``T.decl_buffer(..., data=old.data)``), or None."""
     data = decl.data
     if not isinstance(data, tvm.ir.Call) or len(data.args) != 1:
@@ -304,4 +305,4 @@ class GridBarriers:
             f"at its barriers: {self.reasons[kernel]}")
 
 
-__all__ = ["GridBarriers", "GridTooLarge", "split_phases"]
+__all__ = ["GridBarriers", "GridTooLarge", "split_phases", "aliased"]

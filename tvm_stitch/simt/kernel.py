@@ -26,7 +26,7 @@ from ..lowering import (
     scalar_dtype,
 )
 from ..target import opencl_target
-from . import device, retype
+from . import clusters, device, retype
 from .grid import GridBarriers
 
 
@@ -83,7 +83,7 @@ def _with_helpers(source: str) -> str:
         source = device.WMMA_DEFINITIONS + source
     if retype.ROUND_HALF in source:
         source = retype.OPENCL_DEFINITION + source
-    return source
+    return clusters.with_definition(source)
 
 
 BUILD_OPTIONS = ("-cl-opt-disable",)

@@ -18,6 +18,9 @@ architecture (``nvcc -Xptxas -v`` on TVM's CUDA source for that architecture, re
   memory on the architecture's GPU; for a stitched kernel, on the GPU its plan was made for
   only (a persistent grid is sized to one wave of that GPU).
 
+A stitched kernel of thread-block clusters is made for sm_90 and checked only on the
+architectures that have clusters.
+
 Violations are split by who scheduled the kernel: the stitch flow (PrimFuncs carrying the plan's
 group attribute) or TVM's own rules (the baseline flow, and regions the plan left to TVM).
 """
@@ -40,6 +43,7 @@ from ..analysis import GPU, KernelResources, gpu_of_arch, ptxas, ptxas_resources
 from ..analysis.ptxas import BuildError
 from ..lowering import KernelLaunch, LoweredFunc, lower
 from ..plan import GROUP_ATTR, Launch, Scheme, StitchPlan
+from ..schedule.cluster import has_clusters
 from ..schedule.grid_barrier import GRID_SYNC
 from ..schedule.occupancy import blocks_per_sm, cached_elements_cap
 from ..target import MAX_SHARED_MEMORY_PER_BLOCK, MAX_THREADS_PER_BLOCK, cuda_target
@@ -215,7 +219,9 @@ def check_resources(scheduled: IRModule, plan: StitchPlan | None = None,
     barriers = _global_barrier_funcs(scheduled, plan)
     stitched = {gv.name_hint for gv, f in scheduled.functions.items()
                 if isinstance(f, tirx.PrimFunc) and f.attrs is not None and GROUP_ATTR in f.attrs}
-    launches = [(arch, *item) for arch in archs for item in _launches(scheduled, arch)]
+    clustered = {g.function for g in plan.groups if g.cluster > 1} if plan else set()
+    launches = [(arch, *item) for arch in archs for item in _launches(scheduled, arch)
+                if has_clusters(arch) or item[0] not in clustered]
     sources = {(lowered.source(), arch) for arch, _, _, _, lowered in launches}
     ptxas.find_nvcc()  # a missing nvcc fails the check; a kernel nvcc rejects is a problem of it
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:

@@ -3,7 +3,7 @@
 The rules' own kernel (``Choices()``) comes first. The other choices vary what the rules
 decide (``plan.Choices``) around the rules' kernel: threads per row and per block, rows
 packed per block and walked in sequence, elements per access, whether an element-wise group
-walks its rows or is flat, task-splitting parts, column
+walks its rows or is flat, task-splitting parts and thread-block clusters (sm_90), column
 tiles, which staged inputs are re-read or held in registers instead, whether reductions
 read their inputs in vectors, and a row group's softmax in two passes or online (the
 other of the rules' pick; ``decide`` refuses it where there is no softmax). A choice is
@@ -21,8 +21,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from ..plan import BufferRole, Choices, Group, MappingKind, StorageLevel
+from ..schedule.cluster import MAX_CLUSTER, has_clusters
 from ..schedule.decisions import Decided, decide, target_budget
 from ..schedule.decisions.choosing import Chooser, Task
+from ..schedule.occupancy import device_of
 from ..schedule.rows import Unstitchable
 from ..target import WARP_SIZE
 from .tasks import workload_key
@@ -85,9 +87,10 @@ def _stagings(group: Group) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
     return [((), ()), *(((n,), ()) for n in names), *(((), (n,)) for n in per_row)]
 
 
-def choice_space(group: Group, max_threads: int) -> list[Choices]:
+def choice_space(group: Group, max_threads: int, clusters: bool = False) -> list[Choices]:
     """Every set of choices to try for a group whose rules' kernel is ``group``, the rules'
-    own (``Choices()``) first; not all of them are legal (``candidates`` keeps those that
+    own (``Choices()``) first, thread-block clusters for a split row group when the target
+    has them (``clusters``); not all of them are legal (``candidates`` keeps those that
     are)."""
     mapping = group.mapping
     space = [Choices()]
@@ -107,6 +110,10 @@ def choice_space(group: Group, max_threads: int) -> list[Choices]:
         threads = [None, *_powers_of_two(WARP_SIZE * 4, max_threads)]
         space += [Choices(split_parts=p, threads_per_row=t)
                   for p, t in itertools.product(counts, threads) if p]
+        if clusters:  # a row, or two, per cluster
+            space += [Choices(split_parts=p, threads_per_row=t, cluster=c)
+                      for p, t in itertools.product(counts, threads) if p > 1
+                      for c in (p, 2 * p) if c <= MAX_CLUSTER]
     elif group.phases:
         threads = _around(mapping.threads_per_row, max_threads, WARP_SIZE)
         tiles = [None, 1, *{p.column_tiles for p in group.phases if p.column_tiles > 1}]
@@ -137,7 +144,8 @@ def iter_candidates(task: Task, seed: int = 0) -> Iterator[Candidate]:
     first = decide(task.func, task.group, task.rows, task.target)
     yield Candidate(Choices(), first)
     _, max_threads = target_budget(task.target)
-    rest = choice_space(first.group, max_threads)[1:]
+    rest = choice_space(first.group, max_threads,
+                        has_clusters(device_of(task.target).arch))[1:]
     random.Random(seed).shuffle(rest)
     seen = {_unchosen(first.group)}
     for choices in rest:

@@ -199,6 +199,8 @@ def _decide(func: tirx.PrimFunc, group: Group, rows: int | None, target: Target 
                                f"build: {error_summary(failure)}") from failure
         if (choices.split_parts or 1) > 1:
             raise Unstitchable(f"the rows cannot be split in {choices.split_parts} parts")
+        if (choices.cluster or 1) > 1:
+            raise Unstitchable(f"no task splitting for clusters of {choices.cluster} blocks")
         reused = cache_reused_outputs(sch, func, SHARED)
         done = decide_rows(sch, func, group, rows, reused, budget, max_threads, gpu)
         if done.mapping.length_bound:
@@ -325,7 +327,9 @@ def _settle_launch(group: Group, lowered: LoweredFunc, gpu: GPU) -> Group:
     if launch is None or declared == launch.shared_bytes:
         return group
     settled = launch_of(gpu, launch.threads, declared, launch.grid)
-    if group.phases:
+    if group.cluster > 1:  # clusters are resident one by one: a block per sub-row still
+        settled = replace(settled, grid=launch.grid)
+    elif group.phases:
         settled = replace(settled, grid=min(launch.grid, settled.wave))
         if settled.grid < max(p.tasks for p in group.phases) \
                 and any(b.across_barriers for b in group.buffers):

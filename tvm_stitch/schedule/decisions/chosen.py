@@ -24,8 +24,9 @@ ROW_CHOICES = frozenset({"threads_per_row", "rows_per_block", "row_steps", "vect
 """What a row group's choices may fix."""
 
 GLOBAL_CHOICES = frozenset({"threads_per_row", "vector", "split_parts", "column_tiles",
-                            "reread", "online_softmax"})
-"""What a Global group's choices may fix (a split row group's: not its threads)."""
+                            "reread", "online_softmax", "cluster"})
+"""What a Global group's choices may fix (a split row group's: not its threads; only a split
+row group's: its clusters)."""
 
 
 def check_applicable(choices: Choices, allowed: frozenset[str], kind: str) -> None:

@@ -98,7 +98,8 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
     """
     fixed_elsewhere = threads and group.choices.threads_per_row not in (None, threads)
     check_applicable(group.choices, GLOBAL_CHOICES - ({"threads_per_row"} if fixed_elsewhere
-                                                      else set()),
+                                                      else set()) - (set() if split > 1
+                                                                     else {"cluster"}),
                      "a split row" if split > 1 else "a Global")
     symbolic = is_symbolic(rows)
     if symbolic and split > 1:

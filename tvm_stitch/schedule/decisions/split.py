@@ -9,10 +9,12 @@ from dataclasses import replace
 from tvm import s_tir, tirx
 
 from ...analysis.roofline import GPU
-from ...plan import Group
+from ...plan import Group, PhaseKind
 from ...symbolic import is_symbolic
+from ...target import SIMT_MAX_WORK_ITEMS
 from ..blocks import add_unit_loops, child_blocks
-from ..rows import block_rows, error_summary
+from ..cluster import MAX_CLUSTER, has_clusters
+from ..rows import Unstitchable, block_rows, error_summary
 from ..task_split import split_options, split_rows
 from .chosen import chosen_threads
 from .global_stitch import decide_global
@@ -51,6 +53,8 @@ def split_candidates(func: tirx.PrimFunc, group: Group, rows: int, budget: int,
     chosen = group.choices.split_parts
     if chosen == 1:
         return
+    if (group.choices.cluster or 1) > 1 and not has_clusters(gpu.arch):
+        raise Unstitchable(f"{gpu.arch} has no thread-block clusters")
     sch = s_tir.Schedule(func)
     add_unit_loops(sch)
     infos = [block_rows(sch, b, rows) for b in child_blocks(sch)]
@@ -83,4 +87,32 @@ def split_candidates(func: tirx.PrimFunc, group: Group, rows: int, budget: int,
                 logger.debug("no task splitting for %s in %d parts on %d threads: %s",
                              group.ops, parts, threads, error_summary(err))
                 continue
+            if group.choices.cluster and group.choices.cluster > 1:
+                try:
+                    done = clustered(done, group.choices.cluster, parts, gpu)
+                except Unstitchable as err:
+                    if chosen:  # the parts and the cluster both chosen: say why not
+                        raise
+                    logger.debug("no clusters for %s in %d parts: %s", group.ops, parts, err)
+                    continue
             yield replace(done, row_split=parts)
+
+
+def clustered(done: Group, size: int, parts: int, gpu: GPU) -> Group:
+    """``done``, a row group split in ``parts`` parts, launched as thread-block clusters of
+    ``size`` blocks that combine their partials through distributed shared memory
+    (``schedule.cluster``); raises Unstitchable where that cannot be: a GPU without
+    clusters, clusters that do not hold whole rows or whole grids, a phase that is not one
+    sub-row per block, a cluster of more threads than the SIMT runner's work-group holds."""
+    if not has_clusters(gpu.arch):
+        raise Unstitchable(f"{gpu.arch} has no thread-block clusters")
+    launch = done.launch
+    if size > MAX_CLUSTER or size % parts or launch is None or launch.grid % size:
+        raise Unstitchable(f"clusters of {size} blocks hold no whole rows of {parts} parts "
+                           f"on {launch.grid if launch else 0} blocks")
+    if any(p.kind is not PhaseKind.ROWS or p.tasks != launch.grid for p in done.phases):
+        raise Unstitchable("clusters need every phase to take one sub-row per block")
+    if size * launch.threads > SIMT_MAX_WORK_ITEMS:
+        raise Unstitchable(f"a cluster of {size} blocks of {launch.threads} threads would not "
+                           f"run on the SIMT runner (at most {SIMT_MAX_WORK_ITEMS} work-items)")
+    return replace(done, cluster=size)
