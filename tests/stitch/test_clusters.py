@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 import stitch_patterns as patterns
-from stitch_helpers import compile_cuda, module_cuda_source, spills, stack_frames
+from stitch_helpers import FixedChoices, compile_cuda, module_cuda_source, spills, stack_frames
 from test_float16_vectors import _model as float16_model
 
 from tvm_stitch import analysis, pipeline, verify
@@ -20,7 +20,7 @@ from tvm_stitch.frontend.onnx import import_model
 from tvm_stitch.plan import Choices, StitchPlan
 from tvm_stitch.schedule.cluster import CLUSTER_SYNC, with_cluster_dims
 from tvm_stitch.schedule.decisions import decide
-from tvm_stitch.schedule.decisions.choosing import Chooser, Task, choosing
+from tvm_stitch.schedule.decisions.choosing import Task, choosing
 from tvm_stitch.schedule.grid_barrier import GRID_SYNC
 from tvm_stitch.schedule.rows import Unstitchable
 from tvm_stitch.target import cuda_target
@@ -28,17 +28,6 @@ from tvm_stitch.testing.resources import check_resources
 from tvm_stitch.tuning.space import choice_space
 from tvm_stitch.tuning.tasks import extract_tasks
 from tvm_stitch.workloads import micro
-
-
-class _Fixed(Chooser):
-    """Prefers the kernel of fixed choices for every task."""
-
-    def __init__(self, choices: Choices) -> None:
-        self.choices = choices
-
-    def preferred(self, task: Task):
-        yield decide(task.func, task.group, task.rows, task.target, self.choices)
-
 
 CASES = {
     # name: (model, choices, parts per row, blocks per cluster)
@@ -63,7 +52,7 @@ def _model(case: str):
 @functools.cache
 def _compiled(case: str, clusters: bool = True):
     _, choices, parts, _ = CASES[case]
-    with choosing(_Fixed(choices if clusters else Choices(split_parts=parts))):
+    with choosing(FixedChoices(choices if clusters else Choices(split_parts=parts))):
         return pipeline.lower(import_model(_model(case)), cuda_target(), "stitch")
 
 

@@ -13,12 +13,19 @@ import functools
 
 import pytest
 import stitch_patterns as patterns
-from stitch_helpers import compile_cuda, spills, stack_frames, stitched_functions
+from stitch_helpers import (
+    FixedChoices,
+    compile_cuda,
+    spills,
+    stack_frames,
+    stitched_functions,
+)
 
 from tvm_stitch import analysis, pipeline, verify
 from tvm_stitch.frontend.onnx import import_model
 from tvm_stitch.lowering import lower
-from tvm_stitch.plan import StitchPlan
+from tvm_stitch.plan import Choices, StitchPlan
+from tvm_stitch.schedule.decisions.choosing import choosing
 from tvm_stitch.schedule.task_split import aligned_part, split_options
 from tvm_stitch.simt.grid import GridBarriers
 from tvm_stitch.target import SIMT_CONCURRENT_BLOCKS, cuda_target, opencl_target
@@ -89,16 +96,29 @@ def test_the_kept_kernels_compile_without_spills(arch: str) -> None:
 
 
 def test_a_sub_row_larger_than_the_shared_budget_is_read_again_in_each_phase() -> None:
-    """Rows of 60000 split in 4: a sub-row of 15000 floats (60 KB) does not fit a block's 48
-    KB, so nothing is kept, and the split reads its row once per phase: twice, as an online
-    softmax has two phases (the two passes would read it three times: a ratio of 2.0)."""
-    scheduled = pipeline.lower(import_model(patterns.softmax(64, 60000)[0]), cuda_target(),
-                               "stitch")
+    """Rows of 60000 split in 4 on 512 threads: a sub-row of 15000 floats (60 KB) does not
+    fit a block's 48 KB, so nothing is kept, and the split reads its row once per phase:
+    twice, as an online softmax has two phases (the two passes would read it three times: a
+    ratio of 2.0)."""
+    with choosing(FixedChoices(Choices(split_parts=4, threads_per_row=512))):
+        scheduled = pipeline.lower(import_model(patterns.softmax(64, 60000)[0]),
+                                   cuda_target(), "stitch")
     (group,) = StitchPlan.of_module(scheduled).groups
     assert group.row_split == 4 and not any(b.across_barriers for b in group.buffers)
     assert group.shared_bytes <= group.shared_budget
     assert group.online and group.grid_barriers == 1, group
     assert analysis.analyze(scheduled).traffic_ratio == pytest.approx(1.5, abs=0.01)
+
+
+def test_the_rules_take_the_block_size_whose_sub_rows_stay_on_chip() -> None:
+    """Left to the rules, the same rows split at 256 threads per block, whose wave holds 10
+    parts of 6000 floats (24 KB): kept on chip, the row is read once."""
+    scheduled = pipeline.lower(import_model(patterns.softmax(64, 60000)[0]), cuda_target(),
+                               "stitch")
+    (group,) = StitchPlan.of_module(scheduled).groups
+    assert group.row_split == 10 and group.launch.threads == 256, group
+    assert {b.name for b in group.buffers if b.across_barriers} == {"x"}
+    assert analysis.analyze(scheduled).traffic_ratio <= 1.01
 
 
 def test_sub_rows_are_boxes_of_the_row() -> None:

@@ -26,7 +26,7 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
-from .blocks import child_blocks, name_of, readers, simplified_accesses
+from .blocks import child_blocks, name_of, readers, simplified_accesses, simplified_block
 from .layout import flatten_rows
 from .persistent import blocks_in, root_statements, with_root
 from .rows import Unstitchable, block_rows
@@ -85,7 +85,10 @@ def split_input_copies(sch: s_tir.Schedule, inputs: list[str], rows: int, parts:
                        ) -> list[str]:
     """Lay out as sub-rows the shared copies of the split group's ``inputs`` (staged after
     ``split_rows``, each read by its copy block alone): the copy, and the copy block, which
-    iterates the input's shape; returns the copy blocks' names."""
+    iterates the input's shape; returns the copy blocks' names. Every access to a copy is
+    simplified with its block's domain: the composed layouts of a row of several dims (a
+    group normalisation's channels) are otherwise too tangled for TVM to see that a reader
+    reads its own sub-row, and ``compute_at`` refuses the scope as no stage pipeline."""
     names = []
     for name in inputs:
         (copy,) = [b for b in child_blocks(sch)
@@ -95,6 +98,13 @@ def split_input_copies(sch: s_tir.Schedule, inputs: list[str], rows: int, parts:
         _split_writes(sch, copy, set(), rows, parts, length // parts)
         _as_sub_rows(sch, copy, shape, rows, parts)
         names.append(name_of(sch, copy))
+    copies = {w.source.name for n in names for w in sch.get(sch.get_sblock(n)).writes}
+    for block in child_blocks(sch):  # the composed layouts, plain again within each domain
+        old = sch.get(block)
+        if any(r.source.name in copies for r in old.reads) or name_of(sch, block) in names:
+            new = simplified_block(old, lambda _, buffer: buffer.name in copies,
+                                   writes=name_of(sch, block) in names)
+            sch.state.replace(sch.get_sref(block), new, {old: new})
     return names
 
 

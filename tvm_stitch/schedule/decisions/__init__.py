@@ -39,8 +39,8 @@ from typing import TypeVar
 from tvm import s_tir, tirx
 from tvm.target import Target
 
-from ...analysis.report import global_bytes
-from ...analysis.roofline import GPU
+from ...analysis.report import global_bytes, lowered_reports
+from ...analysis.roofline import GPU, kernel_time_us
 from ...lowering import LoweredFunc, lower
 from ...plan import BufferRole, Choices, Group, StorageLevel
 from ...symbolic import declared_bounds, yardstick_sizes
@@ -113,6 +113,13 @@ def decide(func: tirx.PrimFunc, group: Group, rows: int | None,
     element, the online reduction and its output pass three. Rows split over several blocks
     take it too when it moves no more bytes: its partial pairs are combined after one grid
     barrier, where the two passes need two (a maximum, then a sum of exponentials).
+
+    Few long rows are split over several blocks (``split.split_candidates``): of the first
+    split that builds at each block size, the one the roofline estimates fastest from its
+    counted traffic (the first on a tie), so that a block size whose sub-rows stay on chip
+    across the grid barriers wins over one that reads them again in each phase; unless a
+    block per row is counted with ``SPLIT_EXTRA_BYTES`` fewer bytes (a split that reads its
+    row once per phase).
     """
     choices = choices or Choices()
     pairs = tuple(dict.fromkeys(p.maximum for p in find_online_pairs(prepare(func)))) \
@@ -186,26 +193,69 @@ def _decide(func: tirx.PrimFunc, group: Group, rows: int | None, target: Target 
     elif column_reductions(sch, rows):
         done = decide_global(sch, func, group, rows, budget, max_threads, gpu)
     else:
-        failure = None
+        failure, built = None, []
         for split in split_candidates(func, group, rows, budget, max_threads, gpu):
+            threads = split.mapping.threads_per_block
+            if any(b.group.mapping.threads_per_block == threads for b in built):
+                continue  # the first that builds at each block size
             try:
-                return _built(fused, split, target, gpu)
+                built.append(_built(fused, split, target, gpu))
             except (Unstitchable, ValueError) as err:  # the next, or a block per row
                 failure = err
                 logger.debug("task splitting of %s does not build: %s", group.ops,
                              error_summary(err))
-        if failure is not None and choices.split_parts:
+                continue
+            if target is None:  # nothing to count: the first that builds
+                return built[0]
+        if failure is not None and choices.split_parts and not built:
             raise Unstitchable(f"task splitting in {choices.split_parts} parts does not "
                                f"build: {error_summary(failure)}") from failure
-        if (choices.split_parts or 1) > 1:
+        if (choices.split_parts or 1) > 1 and not built:
             raise Unstitchable(f"the rows cannot be split in {choices.split_parts} parts")
-        if (choices.cluster or 1) > 1:
+        if (choices.cluster or 1) > 1 and not built:
             raise Unstitchable(f"no task splitting for clusters of {choices.cluster} blocks")
-        reused = cache_reused_outputs(sch, func, SHARED)
-        done = decide_rows(sch, func, group, rows, reused, budget, max_threads, gpu)
-        if done.mapping.length_bound:
-            done = _beyond_bound(func, done, rows, budget, max_threads, gpu)
+        if built:
+            best = min(built, key=lambda d: _estimate_us(d, gpu))
+            if choices.split_parts is not None or choices.cluster:
+                return best
+            try:  # a block per row where the split would read more (an input per phase)
+                per_row = _built(fused, _block_per_row(func, sch, group, rows, budget,
+                                                       max_threads, gpu), target, gpu)
+            except (Unstitchable, ValueError) as err:
+                logger.debug("no block per row for %s: %s", group.ops, error_summary(err))
+                return best
+            return per_row if _fewer_bytes(per_row, best, SPLIT_EXTRA_BYTES) else best
+        done = _block_per_row(func, sch, group, rows, budget, max_threads, gpu)
     return _built(fused, done, target, gpu)
+
+
+def _block_per_row(func: tirx.PrimFunc, sch: s_tir.Schedule, group: Group, rows: int,
+                   budget: int, max_threads: int, gpu: GPU) -> Group:
+    """A row group's rows mapped a block (or less) each, on ``sch`` (``func`` scheduled)."""
+    reused = cache_reused_outputs(sch, func, SHARED)
+    done = decide_rows(sch, func, group, rows, reused, budget, max_threads, gpu)
+    if done.mapping.length_bound:
+        done = _beyond_bound(func, done, rows, budget, max_threads, gpu)
+    return done
+
+
+SPLIT_EXTRA_BYTES = 0.1
+"""A split row group gives way to a block per row that is counted with at least this
+fraction fewer bytes: one that reads an input again in a later phase, not one that only adds
+its partials (a few KB)."""
+
+
+def _fewer_bytes(a: Decided, b: Decided, margin: float) -> bool:
+    """Whether built kernel ``a`` is counted with fewer global bytes than ``b`` by at least
+    the fraction ``margin`` of ``b``'s."""
+    counted_a, counted_b = global_bytes(a.lowered), global_bytes(b.lowered)
+    return counted_a is not None and counted_b is not None \
+        and counted_a < (1 - margin) * counted_b
+
+
+def _estimate_us(decided: Decided, gpu: GPU) -> float:
+    """The roofline estimate of a built kernel: its counted traffic on ``gpu``."""
+    return sum(kernel_time_us(gpu, r.work) for r in lowered_reports(decided.lowered))
 
 
 def _element_wise(func: tirx.PrimFunc, sch: s_tir.Schedule, group: Group, max_threads: int,

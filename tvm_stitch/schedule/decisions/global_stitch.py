@@ -35,7 +35,7 @@ from ..blocks import (
     written_params,
 )
 from ..mapping import row_mapping, row_vector
-from ..occupancy import aligned_shared, cached_elements_cap
+from ..occupancy import aligned_shared, cached_elements_cap, launch_config
 from ..phases import (
     BlockRole,
     Roles,
@@ -147,8 +147,10 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
                                       after=sum(in_registers.values()), used=needed,
                                       budget=budget))
         accumulators = {}
-    mapping = fit_budget(sch, dec, mapping, budget - sum(accumulators.values()),
-                         sum(in_registers.values()))
+    available = budget - sum(accumulators.values())
+    reserve = _kept_reserve(sch, func, roles, infos, mapping, rows, dec, available, gpu) \
+        if split > 1 else 0
+    mapping = fit_budget(sch, dec, mapping, available - reserve, sum(in_registers.values()))
     vector = chosen_vector(row_vector(length, widest_element(sch, func)), choices)
     # As in a row group (a vector would not follow held registers), and only when every
     # thread gets a whole vector: the block's threads are sized for scalar accesses, and
@@ -174,6 +176,19 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
     # A run-time row count takes a wave of row tiles, each walking its share of the rows.
     tiles, column_tiles = (launch.wave, 1) if symbolic else choose_tiles(
         options, roles, rows, mapping.threads_per_block, launch.wave, rows * length)
+    if split > 1:  # before the register cap: an input kept on chip is not re-read
+        phases = _phases(roles, tiles, mapping.threads_per_block, column_tiles,
+                         {b.block for b in staged})
+        kept = _kept_across_barriers(sch, func, roles, infos, phases,
+                                     replace(mapping, row_steps=rows // tiles), rows)
+        tasks = max(p.tasks for p in phases)
+        for s in sorted(kept, key=lambda s: s.per_row):
+            more = shared + aligned_shared(s.per_row)
+            if more > budget or launch_of(gpu, mapping.threads_per_block, more).wave < tasks:
+                continue  # re-read in each phase that reads it, as a split row does
+            dec.global_reads = [b for b in dec.global_reads if b.name != s.name]
+            dec.staged.append(s)
+            shared, launch = more, launch_of(gpu, mapping.threads_per_block, more)
     reread, per_row = register_cache(sch, func, dec, mapping, infos)
     sums = sum(in_registers.values())  # held for the whole tile, as the row walk's elements
     cap = cached_elements_cap(launch)
@@ -221,16 +236,6 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
                                               f"{mapping.row_steps} rows of a tile")))
     phases = _phases(roles, tiles, mapping.threads_per_block, column_tiles,
                      {b.block for b in staged})
-    if split > 1:
-        tasks = max(p.tasks for p in phases)
-        for s in sorted(_kept_across_barriers(sch, func, roles, infos, phases, mapping, rows),
-                        key=lambda s: s.per_row):
-            more = shared + aligned_shared(s.per_row)
-            if more > budget or launch_of(gpu, mapping.threads_per_block, more).wave < tasks:
-                continue  # re-read in each phase that reads it, as a split row does
-            dec.global_reads = [b for b in dec.global_reads if b.name != s.name]
-            dec.staged.append(s)
-            shared, launch = more, launch_of(gpu, mapping.threads_per_block, more)
     grid = min(launch.wave, max(p.tasks for p in phases))
     partials = tuple(
         Buffer(name, BufferRole.PARTIAL, StorageLevel.GLOBAL, 0,
@@ -254,6 +259,29 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
                    shared_bytes=shared, shared_budget=budget,
                    demotions=tuple(dec.demotions), launch=replace(launch, grid=grid),
                    phases=phases)
+
+
+def _kept_reserve(sch: s_tir.Schedule, func: tirx.PrimFunc, roles: Roles,
+                  infos: dict[str, BlockRows], mapping: ThreadMapping, rows: int,
+                  dec: Decisions, available: int, gpu: GPU) -> int:
+    """Shared memory to leave free, when the rest of a split row group's staging is fitted,
+    for the inputs it can keep on chip across its grid barriers (``_kept_across_barriers``,
+    the smallest first, as many as fit beside the reductions' scratch with every sub-row's
+    block resident): a kept input saves a read of it from global memory in every later
+    phase, where an intermediate staged in its place only saves recomputing it from what is
+    on chip (a group normalisation's ``x - mean`` of sub-rows of 8192 took 32 KB, and ``x``
+    was read three times)."""
+    phases = _phases(roles, rows, mapping.threads_per_block, 1, set())
+    kept = _kept_across_barriers(sch, func, roles, infos, phases,
+                                 replace(mapping, row_steps=1), rows)
+    scratch = shared_bytes_of(Decisions(reductions=dec.reductions), mapping)
+    reserve = 0
+    for s in sorted(kept, key=lambda s: s.per_row):
+        more = reserve + aligned_shared(s.per_row)
+        if scratch + more <= available and launch_config(
+                gpu, mapping.threads_per_block, scratch + more, rows).wave >= rows:
+            reserve = more
+    return reserve
 
 
 def _unstage_broadcasts(func: tirx.PrimFunc, dec: Decisions, length: int) -> None:

@@ -48,8 +48,10 @@ def split_candidates(func: tirx.PrimFunc, group: Group, rows: int, budget: int,
 
     Blocks take ``SPLIT_THREADS`` threads, or as many as a block may have (a group
     normalisation's sub-rows of 20480 elements would keep 40 of the input they read in both
-    phases in each thread's registers, 20 with 1024 threads), or the threads per row
-    ``group.choices`` fix."""
+    phases in each thread's registers, 20 with 1024 threads), or half as many, whose wave
+    of more blocks takes more parts (a group normalisation of (2, 320, 64, 64) in 5 parts of
+    8192, each kept in 32 KB of shared memory across the grid barriers), or the threads
+    per row ``group.choices`` fix; ``decide`` keeps the one counted with the fewest bytes."""
     chosen = group.choices.split_parts
     if chosen == 1:
         return
@@ -65,7 +67,9 @@ def split_candidates(func: tirx.PrimFunc, group: Group, rows: int, budget: int,
                     if info.elements > 1})
     fixed = group.choices.threads_per_row
     options = [chosen_threads(0, fixed, max_threads, "threads per row")] if fixed \
-        else list(dict.fromkeys([min(SPLIT_THREADS, max_threads), max_threads]))
+        else list(dict.fromkeys([min(SPLIT_THREADS, max_threads), max_threads,
+                                 min(SPLIT_THREADS // 2, max_threads)]))
+    refused, yielded = None, False
     for threads in options:
         wave = launch_of(gpu, threads, 0).wave
         found = split_options(rows, length, wave, threads, shapes)
@@ -91,11 +95,13 @@ def split_candidates(func: tirx.PrimFunc, group: Group, rows: int, budget: int,
                 try:
                     done = clustered(done, group.choices.cluster, parts, gpu)
                 except Unstitchable as err:
-                    if chosen:  # the parts and the cluster both chosen: say why not
-                        raise
                     logger.debug("no clusters for %s in %d parts: %s", group.ops, parts, err)
+                    refused = err
                     continue
+            yielded = True
             yield replace(done, row_split=parts)
+    if refused is not None and not yielded:  # say why the chosen clusters cannot be
+        raise refused
 
 
 def clustered(done: Group, size: int, parts: int, gpu: GPU) -> Group:
