@@ -8,6 +8,8 @@ import pytest
 from tvm_stitch import analysis, pipeline
 from tvm_stitch.analysis.traffic import L2_RESIDENT_BYTES
 from tvm_stitch.frontend.onnx import import_model
+from tvm_stitch.plan import Choices
+from tvm_stitch.schedule.decisions.choosing import FixedChoices, choosing
 from tvm_stitch.workloads import micro
 
 
@@ -29,10 +31,11 @@ def test_broadcast_operands_reach_dram_once(model, width: int) -> None:
 
 
 def test_a_large_buffer_read_in_two_passes_is_dram_traffic() -> None:
-    """Rows of 60000 split in 4: a sub-row does not fit a block's shared memory, so each of
-    the two phases of the online softmax reads it (rows of 30000 are kept on chip and read
-    once)."""
-    report = _report(micro.softmax((64, 60000)))
+    """Rows of 60000 split in 4 on 512 threads: a sub-row does not fit a block's shared
+    memory, so each of the two phases of the online softmax reads it (the rules split them
+    in 10 on 256 threads and keep them on chip)."""
+    with choosing(FixedChoices(Choices(split_parts=4, threads_per_row=512))):
+        report = _report(micro.softmax((64, 60000)))
     (kernel,) = report.kernels
     x = kernel.traffic.buffers["x"]
     assert x.size_bytes > L2_RESIDENT_BYTES and x.read_bytes == 2 * x.size_bytes  # 2 passes

@@ -12,7 +12,7 @@ from tvm_stitch.analysis.report import lowered_reports
 from tvm_stitch.frontend.onnx import import_model
 from tvm_stitch.plan import Choices, StitchPlan
 from tvm_stitch.schedule.decisions import decide
-from tvm_stitch.schedule.decisions.choosing import Chooser, Task, choosing
+from tvm_stitch.schedule.decisions.choosing import FixedChoices, choosing
 from tvm_stitch.tuning.tasks import extract_tasks
 from tvm_stitch.workloads import micro
 
@@ -30,11 +30,6 @@ TARGET = "cuda:sm_90"
 PACKED = Choices(threads_per_row=8, rows_per_block=24)
 
 
-class _Packed(Chooser):
-    def preferred(self, task: Task):
-        yield decide(task.func, task.group, task.rows, task.target, PACKED)
-
-
 def _output_writes(reports) -> tuple[int, int]:
     (kernel,) = reports
     out = [b for b in kernel.traffic.buffers.values() if b.write_bytes]
@@ -48,7 +43,7 @@ def test_a_partial_last_block_of_a_static_row_count() -> None:
     decided = decide(task.func, task.group, task.rows, task.target, PACKED)
     assert decided.group.mapping.rows_per_block == 24 and decided.group.mapping.blocks == 84
     assert _output_writes(lowered_reports(decided.lowered)) == (2000 * 4, 2000 * 4)
-    with choosing(_Packed()):
+    with choosing(FixedChoices(PACKED)):
         scheduled = pipeline.lower(import_model(model), TARGET, "stitch")
     assert StitchPlan.of_module(scheduled).groups[0].choices == PACKED
     assert _output_writes(analysis.analyze(scheduled).kernels) == (2000 * 4, 2000 * 4)

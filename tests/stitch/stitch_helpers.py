@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 import subprocess
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -19,9 +18,7 @@ from tvm_stitch import pipeline, verify
 from tvm_stitch.analysis import ptxas
 from tvm_stitch.frontend.onnx import import_model
 from tvm_stitch.lowering import lower
-from tvm_stitch.plan import GROUP_ATTR, Choices, StitchPlan
-from tvm_stitch.schedule.decisions import Decided, decide
-from tvm_stitch.schedule.decisions.choosing import Chooser, Task
+from tvm_stitch.plan import GROUP_ATTR, StitchPlan
 from tvm_stitch.simt import SimtModule
 from tvm_stitch.target import cuda_target
 
@@ -133,13 +130,3 @@ def module_cuda_source(scheduled: IRModule, arch: str) -> str:
             return mod.inspect_source()
         stack.extend(mod.imports)
     raise AssertionError("no CUDA module in the executable")
-
-
-class FixedChoices(Chooser):
-    """A chooser that prefers the kernel of fixed choices for every task."""
-
-    def __init__(self, choices: Choices) -> None:
-        self.choices = choices
-
-    def preferred(self, task: Task) -> Iterator[Decided]:
-        yield decide(task.func, task.group, task.rows, task.target, self.choices)

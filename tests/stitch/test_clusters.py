@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 import stitch_patterns as patterns
-from stitch_helpers import FixedChoices, compile_cuda, module_cuda_source, spills, stack_frames
+from stitch_helpers import compile_cuda, module_cuda_source, spills, stack_frames
 from test_float16_vectors import _model as float16_model
 
 from tvm_stitch import analysis, pipeline, verify
@@ -20,7 +20,7 @@ from tvm_stitch.frontend.onnx import import_model
 from tvm_stitch.plan import Choices, StitchPlan
 from tvm_stitch.schedule.cluster import CLUSTER_SYNC, with_cluster_dims
 from tvm_stitch.schedule.decisions import decide
-from tvm_stitch.schedule.decisions.choosing import Task, choosing
+from tvm_stitch.schedule.decisions.choosing import FixedChoices, Task, choosing
 from tvm_stitch.schedule.grid_barrier import GRID_SYNC
 from tvm_stitch.schedule.rows import Unstitchable
 from tvm_stitch.target import cuda_target

@@ -6,7 +6,6 @@ block's one read of those inputs serves more rows."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -16,24 +15,13 @@ from tvm_stitch import pipeline, verify
 from tvm_stitch.analysis import analyze
 from tvm_stitch.frontend.onnx import import_model
 from tvm_stitch.plan import Choices, MappingKind, StitchPlan, StorageLevel
-from tvm_stitch.schedule.decisions import Decided, decide
-from tvm_stitch.schedule.decisions.choosing import Chooser, Task, choosing
+from tvm_stitch.schedule.decisions import decide
+from tvm_stitch.schedule.decisions.choosing import FixedChoices, choosing
 from tvm_stitch.target import WARP_SIZE
 from tvm_stitch.testing.resources import check_resources
 from tvm_stitch.tuning.space import choice_space
 from tvm_stitch.tuning.tasks import extract_tasks
 from tvm_stitch.workloads import micro, registry
-
-
-class _Fixed(Chooser):
-    """Prefers the kernel of ``choices`` for every group."""
-
-    def __init__(self, choices: Choices) -> None:
-        self.choices = choices
-
-    def preferred(self, task: Task) -> Iterator[Decided]:
-        """``task`` decided with the fixed choices."""
-        yield decide(task.func, task.group, task.rows, task.target, self.choices)
 
 
 def _float16(model):
@@ -57,7 +45,7 @@ def _lowered(name: str, shape: tuple[int, ...], half: bool = False,
     if choices is None:
         scheduled = pipeline.lower(import_model(model), "cuda:sm_90", "stitch")
     else:
-        with choosing(_Fixed(choices)):
+        with choosing(FixedChoices(choices)):
             scheduled = pipeline.lower(import_model(model), "cuda:sm_90", "stitch")
     return model, scheduled, StitchPlan.of_module(scheduled)
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -16,8 +15,8 @@ from tvm_stitch import pipeline, verify
 from tvm_stitch.analysis import analyze
 from tvm_stitch.frontend.onnx import import_model
 from tvm_stitch.plan import BufferRole, Choices, MappingKind, StitchPlan, StorageLevel
-from tvm_stitch.schedule.decisions import Decided, decide
-from tvm_stitch.schedule.decisions.choosing import Chooser, Task, choosing
+from tvm_stitch.schedule.decisions import decide
+from tvm_stitch.schedule.decisions.choosing import FixedChoices, choosing
 from tvm_stitch.schedule.rows import Unstitchable
 from tvm_stitch.testing.resources import check_resources
 from tvm_stitch.tuning.space import candidates
@@ -41,19 +40,11 @@ def _bias_silu(shape: list[int], dtype: int = TensorProto.FLOAT, bias_shape: lis
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
 
 
-class _Walking(Chooser):
-    """Prefers the row walk for every group (the rules keep few rows flat)."""
-
-    def preferred(self, task: Task) -> Iterator[Decided]:
-        """The walk of ``task``."""
-        yield decide(task.func, task.group, task.rows, task.target, Choices(walk_rows=True))
-
-
 @functools.cache
 def _lowered(shape: tuple[int, ...], dtype: int = TensorProto.FLOAT,
              bias_shape: tuple[int, ...] | None = None, forced: bool = False):
     model = _bias_silu(list(shape), dtype, list(bias_shape) if bias_shape else None)
-    with choosing(_Walking()) if forced else contextlib.nullcontext():
+    with choosing(FixedChoices(Choices(walk_rows=True))) if forced else contextlib.nullcontext():
         scheduled = pipeline.lower(import_model(model), "cuda:sm_90", "stitch")
     return model, scheduled, StitchPlan.of_module(scheduled)
 

@@ -14,7 +14,6 @@ import functools
 import pytest
 import stitch_patterns as patterns
 from stitch_helpers import (
-    FixedChoices,
     compile_cuda,
     spills,
     stack_frames,
@@ -25,7 +24,7 @@ from tvm_stitch import analysis, pipeline, verify
 from tvm_stitch.frontend.onnx import import_model
 from tvm_stitch.lowering import lower
 from tvm_stitch.plan import Choices, StitchPlan
-from tvm_stitch.schedule.decisions.choosing import choosing
+from tvm_stitch.schedule.decisions.choosing import FixedChoices, choosing
 from tvm_stitch.schedule.task_split import aligned_part, split_options
 from tvm_stitch.simt.grid import GridBarriers
 from tvm_stitch.target import SIMT_CONCURRENT_BLOCKS, cuda_target, opencl_target

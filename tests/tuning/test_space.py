@@ -16,7 +16,7 @@ from tvm_stitch.analysis.report import lowered_reports
 from tvm_stitch.frontend.onnx import import_model
 from tvm_stitch.plan import BufferRole, Choices, MappingKind, StitchPlan, StorageLevel
 from tvm_stitch.schedule.decisions import decide
-from tvm_stitch.schedule.decisions.choosing import Chooser, Task, choosing
+from tvm_stitch.schedule.decisions.choosing import FixedChoices, Task, choosing
 from tvm_stitch.schedule.rows import Unstitchable
 from tvm_stitch.tuning.space import candidates, choice_space
 from tvm_stitch.tuning.tasks import extract_tasks
@@ -107,21 +107,11 @@ def test_candidates_are_distinct_legal_kernels_the_rules_first(kind: str) -> Non
         assert again == c.group
 
 
-class _Fixed(Chooser):
-    """Prefers the kernel of fixed choices for every task."""
-
-    def __init__(self, choices: Choices) -> None:
-        self.choices = choices
-
-    def preferred(self, task: Task):
-        yield decide(task.func, task.group, task.rows, task.target, self.choices)
-
-
 @pytest.mark.parametrize("choices", [Choices(held=("x",)), Choices(reread=("x",)),
                                      Choices(threads_per_row=8, rows_per_block=8, vector=1)])
 def test_chosen_kernels_match_onnxruntime(choices: Choices) -> None:
     model = micro.layer_norm((64, 1024))
-    with choosing(_Fixed(choices)):
+    with choosing(FixedChoices(choices)):
         scheduled = pipeline.lower(import_model(model), TARGET, flow="stitch")
     (group,) = StitchPlan.of_module(scheduled).groups
     assert group.choices == choices
@@ -143,7 +133,7 @@ def test_reductions_read_vectors_when_chosen() -> None:
         (resources,) = lowered_resources(chosen.lowered, arch).values()
         assert resources.stack_bytes == resources.spill_store_bytes == 0
     model = micro.row_sum((2000, 32))
-    with choosing(_Fixed(Choices(vector_reads=True))):
+    with choosing(FixedChoices(Choices(vector_reads=True))):
         scheduled = pipeline.lower(import_model(model), TARGET, flow="stitch")
     assert StitchPlan.of_module(scheduled).groups[0].vector_reads == ("x_red",)
     assert verify.run_simt(scheduled, model).ok
@@ -167,7 +157,7 @@ def test_packed_rows_with_a_guarded_last_block_keep_a_weight_as_long_as_the_rows
     row count (it was: 6 slots held the 64 weights; T5's weights of ones hid it in the zoo)."""
     model = micro.rms_norm((64, 64))
     choices = Choices(threads_per_row=32, rows_per_block=6, vector=1)
-    with choosing(_Fixed(choices)):
+    with choosing(FixedChoices(choices)):
         scheduled = pipeline.lower(import_model(model), TARGET, flow="stitch")
     (group,) = StitchPlan.of_module(scheduled).groups
     assert group.mapping.rows_per_block == 6 and group.choices == choices
@@ -196,7 +186,7 @@ def test_a_rows_token_id_is_copied_by_every_thread_of_the_row() -> None:
          numpy_helper.from_array(np.array([-1], np.int64), "axes"),
          numpy_helper.from_array(np.array(1e-6, np.float32), "eps")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-    with choosing(_Fixed(Choices(threads_per_row=64, rows_per_block=4, row_steps=1))):
+    with choosing(FixedChoices(Choices(threads_per_row=64, rows_per_block=4, row_steps=1))):
         scheduled = pipeline.lower(import_model(model), TARGET, flow="stitch")
     (group,) = StitchPlan.of_module(scheduled).groups
     assert group.mapping.rows_per_block == 4

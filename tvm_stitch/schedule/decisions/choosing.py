@@ -8,6 +8,7 @@ so a chooser can only add options, never take the rules' away.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -16,8 +17,11 @@ from dataclasses import dataclass
 from tvm import tirx
 from tvm.target import Target
 
-from ...plan import Group
+from ...plan import Choices, Group
+from ..rows import Unstitchable
 from . import Decided, decide
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,21 @@ class Chooser:
         """The kernels this chooser prefers for ``task``, best first; each raises no
         Unstitchable (a chooser skips what does not build)."""
         return iter(())
+
+
+class FixedChoices(Chooser):
+    """Prefers, for every task, the kernel of the same fixed ``choices`` (``plan.Choices``);
+    a task they cannot apply to is left to the rules."""
+
+    def __init__(self, choices: Choices) -> None:
+        self.choices = choices
+
+    def preferred(self, task: Task) -> Iterator[Decided]:
+        """``task`` decided with the fixed choices, if they apply to it."""
+        try:
+            yield decide(task.func, task.group, task.rows, task.target, self.choices)
+        except Unstitchable as err:
+            logger.debug("choices %s do not apply to %s: %s", self.choices, task.group.ops, err)
 
 
 _CHOOSER: ContextVar[Chooser | None] = ContextVar("tvm_stitch_chooser", default=None)
