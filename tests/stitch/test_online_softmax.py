@@ -16,7 +16,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 from stitch_helpers import assert_matches, compile_cuda, reference, spills, stitched_functions
-from test_packed_long_rows import _Fixed, _float16
+from test_packed_long_rows import _float16
 
 from tvm_stitch import pipeline, verify
 from tvm_stitch.analysis import analyze
@@ -25,7 +25,7 @@ from tvm_stitch.lowering import lower
 from tvm_stitch.plan import Choices, StitchPlan
 from tvm_stitch.schedule.blocks import prepare
 from tvm_stitch.schedule.decisions import decide
-from tvm_stitch.schedule.decisions.choosing import choosing
+from tvm_stitch.schedule.decisions.choosing import FixedChoices, choosing
 from tvm_stitch.schedule.rows import Unstitchable
 from tvm_stitch.simt import SimtModule
 from tvm_stitch.target import cuda_target
@@ -44,7 +44,7 @@ def _compiled(model: onnx.ModelProto, online: bool | None = None):
     if online is None:
         scheduled = pipeline.lower(import_model(model), "cuda:sm_90", "stitch")
     else:
-        with choosing(_Fixed(Choices(online_softmax=online))):
+        with choosing(FixedChoices(Choices(online_softmax=online))):
             scheduled = pipeline.lower(import_model(model), "cuda:sm_90", "stitch")
     return scheduled, StitchPlan.of_module(scheduled)
 
