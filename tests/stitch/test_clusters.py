@@ -66,6 +66,7 @@ def test_a_cluster_kernel_matches_onnxruntime(case: str) -> None:
     assert (group.row_split, group.cluster) == (parts, size), str(plan)
     assert len(group.phases) > 1 and group.grid_barriers == 0, str(plan)
     assert "cluster barrier" in str(plan)
+    assert StitchPlan.from_json(plan.to_json()) == plan  # the cluster is in the record
     assert verify.run_simt(scheduled, _model(case)).ok
 
 
