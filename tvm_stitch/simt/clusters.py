@@ -72,9 +72,8 @@ def _resized(launch: KernelLaunch, size: int) -> KernelLaunch:
         raise LoweringError(f"{launch.kernel}: a cluster of {size} blocks of "
                             f"{int(extents['threadIdx.x'])} threads is {threads} work-items, "
                             f"more than a work-group holds ({SIMT_MAX_WORK_ITEMS})")
-    grid = launch.launch[0][1] if launch.launch[0][0] == "blockIdx.x" else extents["blockIdx.x"]
     return dataclasses.replace(launch, launch=(
-        ("blockIdx.x", tirx.IntImm("int32", int(grid) // size)),
+        ("blockIdx.x", tirx.IntImm("int32", int(extents["blockIdx.x"]) // size)),
         ("threadIdx.x", tirx.IntImm("int32", threads))))
 
 

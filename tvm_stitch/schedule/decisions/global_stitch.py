@@ -182,13 +182,11 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
         kept = _kept_across_barriers(sch, func, roles, infos, phases,
                                      replace(mapping, row_steps=rows // tiles), rows)
         tasks = max(p.tasks for p in phases)
-        for s in sorted(kept, key=lambda s: s.per_row):
-            more = shared + aligned_shared(s.per_row)
-            if more > budget or launch_of(gpu, mapping.threads_per_block, more).wave < tasks:
-                continue  # re-read in each phase that reads it, as a split row does
+        for s in _fitting(kept, shared, budget, gpu, mapping.threads_per_block, tasks):
             dec.global_reads = [b for b in dec.global_reads if b.name != s.name]
             dec.staged.append(s)
-            shared, launch = more, launch_of(gpu, mapping.threads_per_block, more)
+            shared += aligned_shared(s.per_row)
+        launch = launch_of(gpu, mapping.threads_per_block, shared)
     reread, per_row = register_cache(sch, func, dec, mapping, infos)
     sums = sum(in_registers.values())  # held for the whole tile, as the row walk's elements
     cap = cached_elements_cap(launch)
@@ -275,13 +273,23 @@ def _kept_reserve(sch: s_tir.Schedule, func: tirx.PrimFunc, roles: Roles,
     kept = _kept_across_barriers(sch, func, roles, infos, phases,
                                  replace(mapping, row_steps=1), rows)
     scratch = shared_bytes_of(Decisions(reductions=dec.reductions), mapping)
-    reserve = 0
+    return sum(aligned_shared(s.per_row) for s in _fitting(
+        kept, scratch, available, gpu, mapping.threads_per_block, rows))
+
+
+def _fitting(kept: list[Staging], shared: int, budget: int, gpu: GPU, threads: int,
+             tasks: int) -> list[Staging]:
+    """The inputs of ``kept`` to keep on chip, the smallest first, as long as the block's
+    ``shared`` bytes with them stay within ``budget`` and a wave still holds ``tasks``
+    blocks (every sub-row's block resident); the others are re-read in each phase that
+    reads them, as a split row does."""
+    chosen = []
     for s in sorted(kept, key=lambda s: s.per_row):
-        more = reserve + aligned_shared(s.per_row)
-        if scratch + more <= available and launch_config(
-                gpu, mapping.threads_per_block, scratch + more, rows).wave >= rows:
-            reserve = more
-    return reserve
+        more = shared + aligned_shared(s.per_row)
+        if more <= budget and launch_config(gpu, threads, more).wave >= tasks:
+            chosen.append(s)
+            shared = more
+    return chosen
 
 
 def _unstage_broadcasts(func: tirx.PrimFunc, dec: Decisions, length: int) -> None:

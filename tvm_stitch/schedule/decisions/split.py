@@ -49,9 +49,9 @@ def split_candidates(func: tirx.PrimFunc, group: Group, rows: int, budget: int,
     Blocks take ``SPLIT_THREADS`` threads, or as many as a block may have (a group
     normalisation's sub-rows of 20480 elements would keep 40 of the input they read in both
     phases in each thread's registers, 20 with 1024 threads), or half as many, whose wave
-    of more blocks takes more parts (a group normalisation of (2, 320, 64, 64) in 5 parts of
-    8192, each kept in 32 KB of shared memory across the grid barriers), or the threads
-    per row ``group.choices`` fix; ``decide`` keeps the one counted with the fewest bytes."""
+    of more blocks takes more parts (a group normalisation of (2, 320, 64, 64) in 10 parts
+    of one channel, each kept in 16 KB of shared memory across the grid barriers), or the
+    threads per row ``group.choices`` fix; ``decide`` keeps the roofline's fastest."""
     chosen = group.choices.split_parts
     if chosen == 1:
         return
