@@ -13,12 +13,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 import tvm
-import tvm_ffi
 from tvm import tirx
 from tvm.ir import IRModule
 from tvm.sym import Analyzer
 from tvm.target import Target
 from tvm.tirx.build import split_host_device_mods
+
+from .transform.expressions import substituted_all
 
 
 class LoweringError(RuntimeError):
@@ -73,10 +74,10 @@ class KernelLaunch:
         consts = _constants(values)
         return replace(
             self, args=tuple(a if isinstance(a, BufferArg | WorkspaceArg)
-                             else _substituted(a, consts) for a in self.args),
-            launch=tuple((t, _substituted(e, consts)) for t, e in self.launch),
+                             else substituted_all(a, consts) for a in self.args),
+            launch=tuple((t, substituted_all(e, consts)) for t, e in self.launch),
             dynamic_shared_bytes=None if self.dynamic_shared_bytes is None
-            else _substituted(self.dynamic_shared_bytes, consts), loops=())
+            else substituted_all(self.dynamic_shared_bytes, consts), loops=())
 
     def geometry(self, ana: Analyzer) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
         """Blocks per grid and threads per block, (x, y, z) each, under ``ana``'s bindings."""
@@ -115,7 +116,7 @@ class LoweredFunc:
                 out.append(launch.at(values))
                 return
             var, extent = launch.loops[depth]
-            count = evaluate_int(ana, _substituted(extent, _constants(values)),
+            count = evaluate_int(ana, substituted_all(extent, _constants(values)),
                                  f"{self.name} host loop over {var.name}")
             for i in range(count):
                 expand(launch, depth + 1, {**values, var: i})
@@ -240,14 +241,6 @@ def _constants(values: Mapping[tvm.ir.Var, int]) -> dict[tvm.ir.Var, tvm.ir.Prim
     return {v: tirx.IntImm(scalar_dtype(v), i) for v, i in values.items()}
 
 
-def _substituted(expr: tvm.ir.PrimExpr, values: Mapping[tvm.ir.Var, tvm.ir.PrimExpr]
-                 ) -> tvm.ir.PrimExpr:
-    """``expr`` with the variables of ``values`` replaced."""
-    if not values:
-        return expr
-    return tvm_ffi.structural_map(expr, [(tvm.ir.Var, lambda v: values.get(v, v))])
-
-
 def _read_host(host: tirx.PrimFunc, name: str, device: IRModule
                ) -> tuple[list[tuple[tvm.ir.Var, tvm.ir.PrimExpr]], list[KernelLaunch],
                           list[Workspace]]:
@@ -281,13 +274,13 @@ def _read_host(host: tirx.PrimFunc, name: str, device: IRModule
             for s in stmt.seq:
                 visit(s)
         elif isinstance(stmt, tirx.Bind) and loops:  # may vary with the loop: substituted
-            local[stmt.var] = _substituted(stmt.value, local)
+            local[stmt.var] = substituted_all(stmt.value, local)
         elif isinstance(stmt, tirx.Bind):
             binds.append((stmt.var, stmt.value))
         elif isinstance(stmt, tirx.For) and stmt.kind == tirx.ForKind.SERIAL:
             if not (isinstance(stmt.min, tirx.IntImm) and int(stmt.min) == 0):
                 raise LoweringError(f"{name}: host loop over {stmt.loop_var} from {stmt.min}")
-            loops.append((stmt.loop_var, _substituted(stmt.extent, local)))
+            loops.append((stmt.loop_var, substituted_all(stmt.extent, local)))
             visit(stmt.body)
             loops.pop()
         elif isinstance(stmt, tirx.DeclBuffer):
@@ -308,7 +301,7 @@ def _read_host(host: tirx.PrimFunc, name: str, device: IRModule
             kernel = str(call.args[0].value)
             params = device[kernel].params
             tags = [str(t) for t in call.attrs.launch_params]
-            values = [_substituted(v, local) for v in call.args[1:]]
+            values = [substituted_all(v, local) for v in call.args[1:]]
             args, extents = values[: len(params)], values[len(params):]
             dynamic_shared = None
             if _DYNAMIC_SHARED_TAG in tags:

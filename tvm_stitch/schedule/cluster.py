@@ -42,7 +42,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.sym import Analyzer
 
-from ..transform.expressions import substituted, uses
+from ..transform.expressions import substituted_all, uses
 from .persistent import persistent, with_root
 from .rows import Unstitchable
 from .task_split import COMBINE_ATTR
@@ -189,18 +189,18 @@ def _check_locality(loop: tirx.For, partials: list[tirx.Buffer], size: int) -> N
                     raise Unstitchable(f"{block.name_hint} spans several rows in a block")
                 spatial.append((iv.var, value))
         for b in range(int(loop.extent)):
-            at_block = [(lp.loop_var, tirx.IntImm(str(lp.loop_var.ty.dtype),
-                                                  b if lp.loop_var.same_as(loop.loop_var) else 0))
-                        for lp in (loop, *loops)]
-            values = [(var, _substituted(value, at_block)) for var, value in spatial]
+            at_block = {lp.loop_var: tirx.IntImm(str(lp.loop_var.ty.dtype),
+                                                 b if lp.loop_var.same_as(loop.loop_var) else 0)
+                        for lp in (loop, *loops)}
+            values = {var: substituted_all(value, at_block) for var, value in spatial}
             ana = Analyzer()
             for iv in block.iter_vars:
                 if int(iv.iter_type) != tirx.IterVar.DataPar:
                     ana.bind(iv.var, iv.dom)
             for region, how in regions:
-                first = ana.const_int_bound(_substituted(_flat(
+                first = ana.const_int_bound(substituted_all(_flat(
                     region.source, [r.min for r in region.region]), values))
-                last = ana.const_int_bound(_substituted(_flat(
+                last = ana.const_int_bound(substituted_all(_flat(
                     region.source, [r.min + r.extent - 1 for r in region.region]), values))
                 own = (first.min_value, last.max_value) == (b, b) if how == "writes" else \
                     first.min_value // size == last.max_value // size == b // size
@@ -208,14 +208,6 @@ def _check_locality(loop: tirx.For, partials: list[tirx.Buffer], size: int) -> N
                     raise Unstitchable(
                         f"block {b}: {block.name_hint} {how} {region.source.name} "
                         f"[{first.min_value}, {last.max_value}], not its cluster's")
-
-
-def _substituted(expr: tvm.ir.PrimExpr, values: list[tuple[tvm.ir.Var, tvm.ir.PrimExpr]]
-                 ) -> tvm.ir.PrimExpr:
-    """``expr`` with each variable of ``values`` replaced by its value."""
-    for var, value in values:
-        expr = substituted(expr, var, value)
-    return expr
 
 
 def _flat(buffer: tirx.Buffer, indices) -> tvm.ir.PrimExpr:

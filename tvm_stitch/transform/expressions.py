@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import tvm
 import tvm_ffi
 
@@ -20,4 +22,12 @@ def substituted(expr: tvm.ir.PrimExpr, var: tvm.ir.Var, value: tvm.ir.PrimExpr
                                           else v)])
 
 
-__all__ = ["substituted", "uses"]
+def substituted_all(expr: tvm.ir.PrimExpr, values: Mapping[tvm.ir.Var, tvm.ir.PrimExpr]
+                    ) -> tvm.ir.PrimExpr:
+    """``expr`` with every variable of ``values`` replaced by its value there."""
+    if not values:
+        return expr
+    return tvm_ffi.structural_map(expr, [(tvm.ir.Var, lambda v: values.get(v, v))])
+
+
+__all__ = ["substituted", "substituted_all", "uses"]
