@@ -397,7 +397,10 @@ class Group:
     their partials through distributed shared memory (``schedule.cluster``).
     ``permuted_copies`` are the copy blocks of layout moves of whole rows inlined into their
     readers, and ``permuted_outputs`` the outputs such a move writes at permuted rows
-    (``schedule.row_permutation``). ``launch`` is its kernel's launch configuration.
+    (``schedule.row_permutation``); ``transposed_copies`` the copies that transpose an
+    input's row elements which that rewrite leaves as blocks, decided as any other (Regional:
+    they read the input once for all their readers; or inlined). ``launch`` is its kernel's
+    launch configuration.
     ``scalar_blocks`` are the blocks that access memory one element at a time although the
     mapping's vector is wider: accesses not provably whole aligned vectors
     (``schedule.vectors``), or a boolean value in more lanes than TVM's CUDA code generator
@@ -434,6 +437,7 @@ class Group:
     cluster: int = 1
     permuted_copies: tuple[str, ...] = ()
     permuted_outputs: tuple[str, ...] = ()
+    transposed_copies: tuple[str, ...] = ()
     scalar_blocks: tuple[str, ...] = ()
     vector_reads: tuple[str, ...] = ()
     lane_blocks: tuple[str, ...] = ()
@@ -583,6 +587,9 @@ def format_plan(plan: StitchPlan) -> str:
             lines.append(f"  layout moves stitched in: {', '.join(g.permuted_copies)} inlined"
                          + (f"; {', '.join(g.permuted_outputs)} written at permuted rows"
                             if g.permuted_outputs else ""))
+        if on_chip := [c for c in g.transposed_copies if c not in g.inlined]:
+            lines.append(f"  transposes of inputs read once, their rows on chip: "
+                         f"{', '.join(on_chip)}")
         if g.scalar_blocks:
             lines.append(f"  scalar accesses: {', '.join(g.scalar_blocks)}")
         if g.vector_reads:

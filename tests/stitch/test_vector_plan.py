@@ -1,7 +1,7 @@
 """The plan records which blocks of a stitched kernel access memory in vectors: the blocks it
 keeps scalar (``Group.scalar_blocks``, decided on the blocks as the mapping sees them,
-``emit.rewritten``) are never under a vectorised loop of the kernel, and a block read
-through a transpose is one of them. Owner: schedule/vectors.py, schedule/emit.py."""
+``emit.rewritten``) are never under a vectorised loop of the kernel, and a block that reads
+an input through a transpose is one of them. Owner: schedule/vectors.py, schedule/emit.py."""
 
 from __future__ import annotations
 
@@ -39,15 +39,19 @@ def _planned_and_emitted(built) -> list[tuple]:
     return [(g, _vectorised(funcs[g.id])) for g in plan.groups]
 
 
-def test_a_layer_norm_read_through_a_transpose_stays_scalar() -> None:
+def test_a_transpose_of_the_input_stays_scalar_and_its_readers_move_vectors() -> None:
+    """A LayerNorm over channels of an NCHW input: the transposing copy reads the input one
+    element per channel apart, once, into the row on chip (``row_permutation``), and is kept
+    scalar; the LayerNorm reads that row in vectors."""
     g = GraphBuilder("transposed_layer_norm")
     moved = g.op("Transpose", g.input("x", (2, 64, 16, 16)), perm=[0, 2, 3, 1])
     built = g.model([g.op("LayerNormalization", moved, g.weight("g", (64,), 1.0, 0.2),
                           g.weight("b", (64,)), axis=-1)])
     ((group, vectorised),) = _planned_and_emitted(built)
-    assert group.mapping.vector == 4 and "T_layer_norm" in group.scalar_blocks, group
-    assert "T_layer_norm" not in vectorised
-    assert "scalar accesses: T_layer_norm" in str(StitchPlan(groups=(group,)))
+    assert group.mapping.vector == 4 and group.scalar_blocks == ("T_transpose",), group
+    assert group.transposed_copies == ("T_transpose",)
+    assert "T_transpose" not in vectorised and "T_layer_norm" in vectorised
+    assert "scalar accesses: T_transpose" in str(StitchPlan(groups=(group,)))
     outcome = check_model(built, "stitch")
     assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
 

@@ -15,9 +15,16 @@ be stitched. ``permute_rows`` rewrites a row group's PrimFunc so they can be:
   then reads its own row and writes a whole output row elsewhere, a *permuted* write
   (``rows.access_rows``), which no other block of the kernel reads.
 
+A transposing copy that reads an input directly and moves the input's innermost axis (tokens
+to channels-last before a LayerNorm: ``(B, C, H, W) -> (B, H, W, C)``) is not inlined when
+``keep_transposes``: its readers would each read the input again, one element per channel
+apart, where the copy, kept as a block of the row group, reads every element once and its
+readers read the row on chip (a Regional intermediate). ConvNeXt's and Swin's first
+LayerNorm read their input three times inlined.
+
 Decisions apply it to every row group and record what it did (``Group.permuted_copies``,
-``Group.permuted_outputs``); emission applies it where the plan says so and checks it does
-the same.
+``Group.permuted_outputs``, ``Group.transposed_copies``); emission applies it where the plan
+says so and checks it does the same.
 """
 
 from __future__ import annotations
@@ -74,9 +81,21 @@ def _transposes(stmt: s_tir.stmt.SBlock, load: tvm.ir.TensorLoad) -> bool:
     return not ana.can_prove_equal(mine, theirs)
 
 
-def _chain_copies(sch: s_tir.Schedule, func: tirx.PrimFunc) -> list[str]:
+def _moves_innermost(stmt: s_tir.stmt.SBlock, load: tvm.ir.TensorLoad) -> bool:
+    """Whether the copy reads its innermost iterator's elements from anywhere but its
+    source's innermost axis in order: consecutive elements of its row lie apart in the
+    source."""
+    last = stmt.iter_vars[-1] if stmt.iter_vars else None
+    return last is None or not load.indices[-1].same_as(last.var) \
+        or not Analyzer().can_prove_equal(last.dom.extent, load.source.shape[-1])
+
+
+def _chain_copies(sch: s_tir.Schedule, func: tirx.PrimFunc, keep_transposes: bool
+                  ) -> tuple[list[str], list[str]]:
     """Copy blocks writing an intermediate that belong to a chain with a transposing copy:
-    transposing themselves, read by copies of the chain only, or reading one."""
+    transposing themselves, read by copies of the chain only, or reading one; and, with
+    ``keep_transposes``, the transposing copies kept out of chains (the module docstring):
+    of an input, moving its innermost axis, read by blocks that are not copies."""
     params = {p.name for p in func.params}
     copies = {}
     for block in child_blocks(sch):
@@ -86,6 +105,13 @@ def _chain_copies(sch: s_tir.Schedule, func: tirx.PrimFunc) -> list[str]:
             copies[name_of(sch, block)] = (stmt, load, _transposes(stmt, load))
     writers = {stmt.writes[0].source.name: name for name, (stmt, _, _) in copies.items()}
     chained = {name for name, (_, _, transposes) in copies.items() if transposes}
+    kept = [name for name in sorted(chained) if keep_transposes
+            and copies[name][1].source.name in params
+            and copies[name][0].writes[0].source.name not in params
+            and _moves_innermost(copies[name][0], copies[name][1])
+            and (users := readers(sch, copies[name][0].writes[0].source))
+            and not any(name_of(sch, u) in copies for u in users)]
+    chained -= set(kept)
     grown = True
     while grown:
         grown = False
@@ -97,25 +123,28 @@ def _chain_copies(sch: s_tir.Schedule, func: tirx.PrimFunc) -> list[str]:
                     users and all(u in chained for u in users)):
                 chained.add(name)
                 grown = True
-    return [n for n in chained if copies[n][0].writes[0].source.name not in params]
+    return [n for n in chained if copies[n][0].writes[0].source.name not in params], kept
 
 
 @dataclass(frozen=True)
 class RowPermutation:
-    """What ``permute_rows`` did: the copy blocks it inlined, and the outputs now written at
-    permuted rows (``Group.permuted_copies`` and ``Group.permuted_outputs``)."""
+    """What ``permute_rows`` did: the copy blocks it inlined, the outputs now written at
+    permuted rows, and the transposing copies it kept as blocks (``Group.permuted_copies``,
+    ``Group.permuted_outputs`` and ``Group.transposed_copies``)."""
 
     copies: tuple[str, ...] = ()
     outputs: tuple[str, ...] = ()
+    kept: tuple[str, ...] = ()
 
 
-def permute_rows(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, RowPermutation]:
+def permute_rows(func: tirx.PrimFunc, keep_transposes: bool = False
+                 ) -> tuple[tirx.PrimFunc, RowPermutation]:
     """``func`` with its whole-row layout moves rewritten as the module docstring says, and
-    what was rewritten (``func`` itself and an empty record when nothing was)."""
+    what was rewritten (``func`` itself and a record of nothing inlined when nothing was)."""
     sch = s_tir.Schedule(func)
-    chain = _chain_copies(sch, func)
+    chain, kept = _chain_copies(sch, func, keep_transposes)
     if not chain:
-        return func, RowPermutation()
+        return func, RowPermutation(kept=tuple(kept))
     for name in chain:
         inline(sch, sch.get_sblock(name))
     params = {p.name for p in func.params}
@@ -133,7 +162,8 @@ def permute_rows(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, RowPermutation]:
             continue
         moved.append(name_of(sch, block))
     outputs = tuple(sch.get(sch.get_sblock(n)).writes[0].source.name for n in moved)
-    return _own_row_reads(sch.mod["main"], moved), RowPermutation(tuple(chain), outputs)
+    return _own_row_reads(sch.mod["main"], moved), RowPermutation(tuple(chain), outputs,
+                                                                  tuple(kept))
 
 
 def _own_row_reads(func: tirx.PrimFunc, names: list[str]) -> tirx.PrimFunc:

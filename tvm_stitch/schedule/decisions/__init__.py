@@ -177,14 +177,31 @@ def _counted_sizes(func: tirx.PrimFunc, decided: Decided) -> list[dict[str, int]
 
 def _decide(func: tirx.PrimFunc, group: Group, rows: int | None, target: Target | None,
             choices: Choices, online: tuple[str, ...]) -> Decided:
-    """``decide`` with the maximum blocks ``online`` merged with their sums."""
+    """``decide`` with the maximum blocks ``online`` merged with their sums: with the
+    transposing copies of inputs kept as blocks (``row_permutation``), or inlined where
+    that does not stitch."""
+    try:
+        return _decide_moves(func, group, rows, target, choices, online, True)
+    except Unstitchable as err:
+        if rows is None or not permute_rows(rows_first(prepare(func), rows), True)[1].kept:
+            raise
+        logger.debug("%s with its transposes kept does not stitch: %s", group.ops,
+                     error_summary(err))
+        return _decide_moves(func, group, rows, target, choices, online, False)
+
+
+def _decide_moves(func: tirx.PrimFunc, group: Group, rows: int | None,
+                  target: Target | None, choices: Choices, online: tuple[str, ...],
+                  keep_transposes: bool) -> Decided:
+    """``_decide`` with the transposing copies of inputs kept or not."""
     group = replace(group, choices=choices, online=online)
     budget, max_threads = target_budget(target)
     gpu = device_of(target)
     fused, func = func, with_online_softmax(prepare(func), online)
     if rows is not None:
-        func, moves = permute_rows(rows_first(func, rows))
-        group = replace(group, permuted_copies=moves.copies, permuted_outputs=moves.outputs)
+        func, moves = permute_rows(rows_first(func, rows), keep_transposes)
+        group = replace(group, permuted_copies=moves.copies, permuted_outputs=moves.outputs,
+                        transposed_copies=moves.kept)
     sch = s_tir.Schedule(func)
     add_unit_loops(sch)
     _check_flat_structure(sch)
