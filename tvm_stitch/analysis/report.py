@@ -512,6 +512,24 @@ def _call_shapes(ana: Analyzer, call: relax.Call, func: tirx.PrimFunc, name: str
     return shapes, scalars
 
 
+def call_arguments(scheduled: IRModule, entry: str = "main"
+                   ) -> dict[str, list[tuple[list[tuple[int, ...]], dict[str, int]]]]:
+    """The concrete shapes of the buffers and the values of the scalars that each call_tir
+    binding of ``entry`` passes its PrimFunc, by PrimFunc name, each distinct call once: how
+    a PrimFunc of symbolic shapes (TVM's own scan, ``gpu_2d_continuous_cumsum``) is launched
+    in a model of static shapes. Raises AnalysisError where ``entry``'s shapes are
+    symbolic."""
+    main = scheduled[entry]
+    ana = _bind_inputs(main, None, None)
+    found: dict[str, list[tuple[list[tuple[int, ...]], dict[str, int]]]] = {}
+    for call in _call_tir_bindings(scheduled, main):
+        name = call.args[0].name_hint
+        arguments = _call_shapes(ana, call, scheduled[call.args[0]], name)
+        if arguments not in found.setdefault(name, []):
+            found[name].append(arguments)
+    return found
+
+
 def _constants(main: relax.Function) -> list[tvm.ir.Constant]:
     found: list[tvm.ir.Constant] = []
 

@@ -36,6 +36,7 @@ from tvm.ir import IRModule
 
 from ..lowering import LoweredFunc, LoweringError
 from . import clusters
+from .lockstep import in_lockstep
 from .retype import ROUND_HALF
 
 WMMA_PREFIX = "stitch_wmma_"
@@ -52,9 +53,11 @@ _STORE = tvm.ir.Op.get("tirx.tvm_store_matrix_sync")
 
 def for_opencl(lowered: LoweredFunc, half_accumulators: set[str]) -> LoweredFunc:
     """``lowered`` with its device kernels rewritten by :func:`dynamic_shared_as_static` and
-    :func:`emulate_wmma` (``half_accumulators``: see :func:`emulate_wmma`), and a cluster
+    :func:`emulate_wmma` (``half_accumulators``: see :func:`emulate_wmma`), their
+    warp-synchronous updates of shared memory run in lockstep (``lockstep``), and a cluster
     per work-group (``clusters.as_work_groups``)."""
-    device = emulate_wmma(dynamic_shared_as_static(lowered.device), half_accumulators)
+    device = in_lockstep(emulate_wmma(dynamic_shared_as_static(lowered.device),
+                                      half_accumulators))
     return clusters.as_work_groups(dataclasses.replace(lowered, device=device, _source=None))
 
 

@@ -41,6 +41,8 @@ from tvm.sym import Analyzer
 
 from ..analysis import GPU, KernelResources, gpu_of_arch, ptxas, ptxas_resources
 from ..analysis.ptxas import BuildError
+from ..analysis.report import call_arguments
+from ..analysis.traffic import AnalysisError
 from ..lowering import KernelLaunch, LoweredFunc, lower
 from ..plan import GROUP_ATTR, Launch, Scheme, StitchPlan
 from ..schedule.cluster import has_clusters
@@ -128,22 +130,34 @@ def _global_barrier_funcs(scheduled: IRModule, plan: StitchPlan | None) -> set[s
 
 def _launches(scheduled: IRModule, arch: str) -> Iterator[tuple[str, KernelLaunch, Analyzer,
                                                              LoweredFunc]]:
-    """Every kernel launch of every PrimFunc, lowered for ``arch``, with its shapes bound."""
+    """Every kernel launch of every PrimFunc, lowered for ``arch``, with its shapes bound: its
+    own, or for a PrimFunc of symbolic shapes, those of each call of it in ``main``."""
     target = cuda_target(arch)
+    calls = None
     for gv, func in scheduled.functions.items():
         if not isinstance(func, tirx.PrimFunc):
             continue
         lowered = lower(func, gv.name_hint, target)
-        shapes = []
-        for p in lowered.params:
-            if isinstance(p.ty, tirx.BufferType):
-                if not all(isinstance(d, tirx.IntImm) for d in p.shape):
-                    raise ValueError(f"{gv.name_hint}: parameter {p.name} has a symbolic "
-                                     f"shape {list(p.shape)}; resources need static shapes")
-                shapes.append(tuple(int(d) for d in p.shape))
-        ana = lowered.bind_shapes(shapes)
-        for launch in lowered.launch_sequence(ana):
-            yield gv.name_hint, launch, ana, lowered
+        buffers = [p for p in lowered.params if isinstance(p.ty, tirx.BufferType)]
+        symbolic = next((p for p in buffers
+                         if not all(isinstance(d, tirx.IntImm) for d in p.shape)), None)
+        if symbolic is None:
+            arguments = [([tuple(int(d) for d in p.shape) for p in buffers], {})]
+        else:
+            if calls is None:
+                try:
+                    calls = call_arguments(scheduled)
+                except AnalysisError:
+                    calls = {}
+            arguments = calls.get(gv.name_hint, [])
+            if not arguments:
+                raise ValueError(f"{gv.name_hint}: parameter {symbolic.name} has a symbolic "
+                                 f"shape {list(symbolic.shape)}; resources need static "
+                                 "shapes")
+        for shapes, scalars in arguments:
+            ana = lowered.bind_shapes(shapes, scalars)
+            for launch in lowered.launch_sequence(ana):
+                yield gv.name_hint, launch, ana, lowered
 
 
 def local_arrays(kernel: tirx.PrimFunc) -> dict[str, int]:
