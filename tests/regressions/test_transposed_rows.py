@@ -6,8 +6,10 @@ one. Inlined into the LayerNorm (``schedule.row_permutation``), the transposing 
 the LayerNorm's mean, variance and normalisation each read the input again, one element
 per channel apart: ConvNeXt's (8, 96, 56, 56) moved 38.8 MB for 19.3 MB compulsory, in
 every layer. The copy now stays a block of the row group, reads each element once, and its
-readers read the row on chip (a Regional intermediate). Owner: schedule/row_permutation.py,
-schedule/decisions (``_decide``)."""
+readers read the row on chip (a Regional intermediate). So does one that a reshape reads and
+writes out (MobileViT's unfolded patches, which fell back: "block T_reshape does not iterate
+over the 128 rows first"). Owner: schedule/row_permutation.py, schedule/decisions
+(``_decide``)."""
 
 from __future__ import annotations
 
@@ -64,9 +66,25 @@ def channels_first_instance_norm(batch: int, channels: int, side: int) -> onnx.M
                   _affine(channels))
 
 
+def unfolded_patches(batch: int, channels: int, patches: int, pixels: int
+                     ) -> onnx.ModelProto:
+    """MobileViT: (B, C, N, P) patches to (B*P, N, C), written out for the residual and
+    normalised over C."""
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[0, 3, 2, 1]),
+             helper.make_node("Reshape", ["t", "shape"], ["r"]),
+             helper.make_node("LayerNormalization", ["r", "g", "b"], ["y"], axis=-1)]
+    model = _model(nodes, [batch, channels, patches, pixels],
+                   [batch * pixels, patches, channels],
+                   [*_affine(channels), np.array([batch * pixels, patches, channels], np.int64)])
+    model.graph.output.append(helper.make_tensor_value_info(
+        "r", TensorProto.FLOAT, [batch * pixels, patches, channels]))
+    return model
+
+
 BUILDERS = {"channels_last_layer_norm": channels_last_layer_norm,
             "tokens_layer_norm": tokens_layer_norm,
-            "channels_first_instance_norm": channels_first_instance_norm}
+            "channels_first_instance_norm": channels_first_instance_norm,
+            "unfolded_patches": unfolded_patches}
 
 
 def _plan_and_bytes(model: onnx.ModelProto) -> tuple[StitchPlan, int, int]:
@@ -103,4 +121,15 @@ def test_the_input_is_read_once_at_real_size(name: str, shape: tuple[int, int, i
 ])
 def test_transposed_rows_match_onnxruntime(name: str, shape: tuple[int, int, int]) -> None:
     outcome = check_model(BUILDERS[name](*shape), "stitch")
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+
+
+@pytest.mark.parametrize("shape", [(2, 48, 16, 4), (8, 96, 64, 4)])
+def test_unfolded_patches_stitch_with_their_reshape(shape: tuple[int, int, int, int]) -> None:
+    model = unfolded_patches(*shape)
+    plan, _, _ = _plan_and_bytes(model)
+    assert not plan.fallbacks, plan.fallbacks
+    (group,) = plan.groups
+    assert group.transposed_copies == ("T_transpose",)
+    outcome = check_model(model, "stitch")
     assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)

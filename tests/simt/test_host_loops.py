@@ -66,11 +66,9 @@ def test_short_scans_run() -> None:
     np.testing.assert_array_equal(out, np.cumsum(x, axis=1))
 
 
-@pytest.mark.xfail(strict=True, reason="TVM's scan is warp-synchronous: a thread reads its "
-                   "neighbour's shared slot and writes its own with no barrier between, which "
-                   "a GPU's lockstep warp orders and PoCL, running work-items one after "
-                   "another between barriers, does not")
 def test_long_scans_run_on_the_simt_runner() -> None:
+    # TVM's scan is warp-synchronous (a thread adds its neighbour's shared slot into its own
+    # with no barrier between): the SIMT runner runs such steps in lockstep (simt/lockstep.py)
     x = np.ones((2, 300), dtype="int64")
     (out,) = SimtModule(_scheduled())(x)
     np.testing.assert_array_equal(out, np.cumsum(x, axis=1))

@@ -95,7 +95,8 @@ def _chain_copies(sch: s_tir.Schedule, func: tirx.PrimFunc, keep_transposes: boo
     """Copy blocks writing an intermediate that belong to a chain with a transposing copy:
     transposing themselves, read by copies of the chain only, or reading one; and, with
     ``keep_transposes``, the transposing copies kept out of chains (the module docstring):
-    of an input, moving its innermost axis, read by blocks that are not copies."""
+    of an input, moving its innermost axis, read by no transposing copy (a reshape of the
+    transposed rows reads them where they lie: MobileViT's unfolded patches)."""
     params = {p.name for p in func.params}
     copies = {}
     for block in child_blocks(sch):
@@ -110,7 +111,7 @@ def _chain_copies(sch: s_tir.Schedule, func: tirx.PrimFunc, keep_transposes: boo
             and copies[name][0].writes[0].source.name not in params
             and _moves_innermost(copies[name][0], copies[name][1])
             and (users := readers(sch, copies[name][0].writes[0].source))
-            and not any(name_of(sch, u) in copies for u in users)]
+            and not any(name_of(sch, u) in chained for u in users)]
     chained -= set(kept)
     grown = True
     while grown:
