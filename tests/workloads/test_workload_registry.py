@@ -23,7 +23,8 @@ MICRO = [
     "group_norm_silu",
 ]
 MODELS = ["bert_layer", "gpt2_block", "llama_block", "t5_block", "dien_block", "swin_block",
-          "convnext_block", "mlp_backward", "gpt2_block_fp16", "llama_block_fp16"]
+          "convnext_block", "mlp_backward", "roberta_block", "gpt2_block_fp16",
+          "llama_block_fp16"]
 
 
 def test_registry_holds_every_design_workload() -> None:

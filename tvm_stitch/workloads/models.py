@@ -37,7 +37,8 @@ SEED = 0
 SCHEMA = 1
 LAYERS = {"ci": 2, "real": 4}
 """Layers of each model workload at each size."""
-LAYER_KEYS = {"bert": "num_hidden_layers", "gpt2": "n_layer", "llama": "num_hidden_layers",
+LAYER_KEYS = {"bert": "num_hidden_layers", "roberta": "num_hidden_layers", "gpt2": "n_layer",
+              "llama": "num_hidden_layers",
               "t5": "num_layers", "dien": "layers", "mlp_backward": "layers",
               "swin": "depths", "convnext": "depths"}
 """The config entry that sets the depth of each architecture (for the vision models, the
@@ -203,6 +204,16 @@ def _bert(layers: int, batch: int, seq: int, hidden: int, heads: int, ffn: int, 
                         vocab=vocab, mask=True)
 
 
+def _roberta(layers: int, batch: int, seq: int, hidden: int, heads: int, ffn: int,
+             vocab: int) -> ExportSpec:
+    # Position ids count the non-padding tokens (a CumSum of the mask), from pad + 1.
+    config = dict(vocab_size=vocab, hidden_size=hidden, num_attention_heads=heads,
+                  intermediate_size=ffn, max_position_embeddings=seq + 2, pad_token_id=1,
+                  num_hidden_layers=layers, attn_implementation="eager")
+    return _transformer("roberta", config, batch, seq, hidden=hidden, heads=heads, ffn=ffn,
+                        vocab=vocab, mask=True)
+
+
 def _gpt2(layers: int, batch: int, seq: int, hidden: int, heads: int, vocab: int,
           positions: int) -> ExportSpec:
     config = dict(vocab_size=vocab, n_embd=hidden, n_head=heads, n_positions=positions,
@@ -313,6 +324,14 @@ SPECS: dict[str, tuple[str, dict[str, ExportSpec]]] = {
         {
             "ci": _mlp_backward(LAYERS["ci"], 2, 32, hidden=64, ffn=256),
             "real": _mlp_backward(LAYERS["real"], 8, 512, hidden=768, ffn=3072),
+        },
+    ),
+    "roberta_block": (
+        "RoBERTa encoder layer: position ids counted from the padding mask (a CumSum)",
+        {
+            "ci": _roberta(LAYERS["ci"], 2, 32, hidden=64, heads=2, ffn=256, vocab=100),
+            "real": _roberta(LAYERS["real"], 8, 128, hidden=768, heads=12, ffn=3072,
+                             vocab=50265),
         },
     ),
 }

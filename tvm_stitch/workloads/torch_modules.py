@@ -11,6 +11,7 @@ from torch import nn
 # arch -> (config class, model class, model constructor kwargs, call kwargs), from transformers
 TRANSFORMERS_ARCHS: dict[str, tuple[str, str, dict[str, Any], dict[str, Any]]] = {
     "bert": ("BertConfig", "BertModel", {"add_pooling_layer": False}, {}),
+    "roberta": ("RobertaConfig", "RobertaModel", {"add_pooling_layer": False}, {}),
     "gpt2": ("GPT2Config", "GPT2Model", {}, {"use_cache": False}),
     "llama": ("LlamaConfig", "LlamaModel", {}, {"use_cache": False}),
     "t5": ("T5Config", "T5EncoderModel", {}, {}),

@@ -1,0 +1,155 @@
+"""Compile small transformers models beyond the zoo with both flows and check them.
+
+    python scripts/arch_sweep.py [vit roberta ...] [--out DIR]
+
+Each architecture is built from a config with seeded random weights (two layers, hidden 64
+to 128, batch 2 x 32 tokens or 64x64 images; nothing is downloaded), exported to ONNX, and
+compiled with the stitch and baseline flows: one line per model with kernels,
+memory-intensive kernels and global bytes of each flow, the stitch flow's fallbacks that are
+not "nothing to stitch", and the check of the stitch flow against onnxruntime on the SIMT
+runner (resources included). Needs the ``models`` extra. Exit status 1 if a check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import sys
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from tvm_stitch import verify
+from tvm_stitch.analysis import analyze
+from tvm_stitch.graph.grouping import NOTHING_TO_STITCH
+from tvm_stitch.plan import StitchPlan
+from tvm_stitch.testing.differential import check_model
+
+BATCH, TOKENS, VOCAB, IMAGE = 2, 32, 512, 64
+TEXT: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "distilbert": ("DistilBertConfig", "DistilBertModel",
+                   dict(dim=128, n_layers=2, n_heads=4, hidden_dim=512)),
+    "roberta": ("RobertaConfig", "RobertaModel",
+                dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=512, pad_token_id=1)),
+    "albert": ("AlbertConfig", "AlbertModel",
+               dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+                    intermediate_size=512, embedding_size=64)),
+    "convbert": ("ConvBertConfig", "ConvBertModel",
+                 dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      intermediate_size=512, embedding_size=128)),
+    "mistral": ("MistralConfig", "MistralModel",
+                dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2, intermediate_size=352, sliding_window=16)),
+    "qwen2": ("Qwen2Config", "Qwen2Model",
+              dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, intermediate_size=352)),
+    "gemma": ("GemmaConfig", "GemmaModel",
+              dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=1, head_dim=32, intermediate_size=352)),
+    "phi": ("PhiConfig", "PhiModel",
+            dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 intermediate_size=512, partial_rotary_factor=0.5)),
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXModel",
+                 dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      intermediate_size=512, rotary_pct=0.25)),
+    "opt": ("OPTConfig", "OPTModel",
+            dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, ffn_dim=512,
+                 word_embed_proj_dim=128)),
+    "bloom": ("BloomConfig", "BloomModel", dict(hidden_size=128, n_layer=2, n_head=4)),
+    "falcon": ("FalconConfig", "FalconModel",
+               dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+                    new_decoder_architecture=False, multi_query=True, parallel_attn=True)),
+}
+IMAGES: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "vit": ("ViTConfig", "ViTModel",
+            dict(image_size=IMAGE, patch_size=8, hidden_size=96, num_hidden_layers=2,
+                 num_attention_heads=3, intermediate_size=384)),
+    "deit": ("DeiTConfig", "DeiTModel",
+             dict(image_size=IMAGE, patch_size=8, hidden_size=96, num_hidden_layers=2,
+                  num_attention_heads=3, intermediate_size=384)),
+    "clip_vision": ("CLIPVisionConfig", "CLIPVisionModel",
+                    dict(image_size=IMAGE, patch_size=8, hidden_size=96, num_hidden_layers=2,
+                         num_attention_heads=3, intermediate_size=384)),
+    "segformer": ("SegformerConfig", "SegformerModel",
+                  dict(num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1],
+                       hidden_sizes=[32, 64], num_attention_heads=[1, 2], patch_sizes=[7, 3],
+                       strides=[4, 2], mlp_ratios=[4, 4])),
+    "mobilevit": ("MobileViTConfig", "MobileViTModel",
+                  dict(image_size=IMAGE, hidden_sizes=[48, 64, 80],
+                       neck_hidden_sizes=[16, 24, 32, 48, 64, 80, 160])),
+    "resnet": ("ResNetConfig", "ResNetModel",
+               dict(embedding_size=32, hidden_sizes=[32, 64], depths=[1, 1],
+                    layer_type="basic")),
+}
+
+
+def export(name: str) -> onnx.ModelProto:
+    """Architecture ``name`` with seeded random weights, exported to ONNX (``x`` in, the
+    last hidden state ``y`` out)."""
+    import torch
+    import transformers
+
+    config_cls, model_cls, config = {**TEXT, **IMAGES}[name]
+    torch.manual_seed(0)
+    model = getattr(transformers, model_cls)(getattr(transformers, config_cls)(
+        **({"vocab_size": VOCAB} if name in TEXT else {}), **config,
+        attn_implementation="eager")).eval()
+    text = name in TEXT
+    example = (torch.randint(0, VOCAB, (BATCH, TOKENS)) if text
+               else torch.randn(BATCH, 3, IMAGE, IMAGE))
+
+    class Hidden(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out = model(input_ids=x) if text else model(pixel_values=x)
+            return out.last_hidden_state
+
+    names = dict(input_names=["x"], output_names=["y"])
+    with torch.no_grad():
+        try:
+            return torch.onnx.export(Hidden(), (example,), None, dynamo=True, opset_version=18,
+                                     external_data=False, verbose=False, **names).model_proto
+        except Exception:  # noqa: BLE001 - some export only with the legacy exporter
+            buffer = io.BytesIO()
+            torch.onnx.export(Hidden(), (example,), buffer, dynamo=False, opset_version=17,
+                              **names)
+            return onnx.load_from_string(buffer.getvalue())
+
+
+def _counts(model: onnx.ModelProto, flow: str) -> str:
+    try:
+        report = analyze(verify.compile_model(model, flow))
+    except Exception as err:  # noqa: BLE001 - TVM's own flow fails on some models
+        return f"{flow}: fails ({type(err).__name__})"
+    return (f"{flow}: {len(report.kernels)} kernels, {report.mem_kernels} memory-intensive, "
+            f"{report.global_bytes} B")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Sweep the named architectures (default all); exit status 1 if a check fails."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("archs", nargs="*", choices=[*TEXT, *IMAGES], default=[])
+    parser.add_argument("--out", type=Path, help="also save each exported model here")
+    args = parser.parse_args(argv)
+    failed = False
+    for name in args.archs or [*TEXT, *IMAGES]:
+        model = export(name)
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
+            onnx.save(model, args.out / f"{name}.onnx")
+        plan = StitchPlan.of_module(verify.compile_model(model, "stitch"))
+        outcome = check_model(model, "stitch")
+        ok = outcome.kind == "ok" and not outcome.violations
+        failed |= not ok
+        print(f"{name}: {_counts(model, 'stitch')}; {_counts(model, 'baseline')}; check "
+              f"{outcome.kind}{'' if ok else ': ' + (outcome.error or str(outcome.violations))}",
+              flush=True)
+        for f in plan.fallbacks:
+            if f.reason not in NOTHING_TO_STITCH:
+                print(f"  fallback {', '.join(f.ops)}: {f.reason}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
