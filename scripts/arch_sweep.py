@@ -25,6 +25,7 @@ from tvm_stitch.analysis import analyze
 from tvm_stitch.graph.grouping import NOTHING_TO_STITCH
 from tvm_stitch.plan import StitchPlan
 from tvm_stitch.testing.differential import check_model
+from tvm_stitch.workloads.models import quiet_exporter
 
 BATCH, TOKENS, VOCAB, IMAGE = 2, 32, 512, 64
 TEXT: dict[str, tuple[str, str, dict[str, Any]]] = {
@@ -106,7 +107,7 @@ def export(name: str) -> onnx.ModelProto:
             return out.last_hidden_state
 
     names = dict(input_names=["x"], output_names=["y"])
-    with torch.no_grad():
+    with torch.no_grad(), quiet_exporter():
         try:
             return torch.onnx.export(Hidden(), (example,), None, dynamo=True, opset_version=18,
                                      external_data=False, verbose=False, **names).model_proto
@@ -129,9 +130,14 @@ def _counts(model: onnx.ModelProto, flow: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Sweep the named architectures (default all); exit status 1 if a check fails."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("archs", nargs="*", choices=[*TEXT, *IMAGES], default=[])
+    parser.add_argument("archs", nargs="*", metavar="ARCH",
+                        help=f"architectures to sweep (default all): {', '.join(TEXT)}, "
+                             f"{', '.join(IMAGES)}")
     parser.add_argument("--out", type=Path, help="also save each exported model here")
     args = parser.parse_args(argv)
+    unknown = set(args.archs) - {*TEXT, *IMAGES}
+    if unknown:
+        parser.error(f"unknown architectures: {', '.join(sorted(unknown))}")
     failed = False
     for name in args.archs or [*TEXT, *IMAGES]:
         model = export(name)

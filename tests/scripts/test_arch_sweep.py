@@ -21,3 +21,9 @@ def test_a_model_is_exported_compiled_and_checked(tmp_path: Path,
     line = capsys.readouterr().out.splitlines()[0]
     assert line.startswith("resnet: stitch: ") and line.endswith("check ok"), line
     assert onnx.load(tmp_path / "resnet.onnx").graph.output[0].name == "y"
+
+
+def test_an_unknown_architecture_is_refused(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit):
+        sweep.main(["resnet", "nope"])
+    assert "unknown architectures: nope" in capsys.readouterr().err

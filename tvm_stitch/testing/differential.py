@@ -207,26 +207,24 @@ where both flows were 1.7e-4 from float64 and onnxruntime 4.3e-5)."""
 
 def as_accurate_as_float32(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
                            outputs: list[np.ndarray]) -> bool:
-    """Whether every float32 output of ``model`` is within tolerance of the float64 twin's
-    result plus ``FLOAT32_ERROR_FACTOR`` times onnxruntime's own float32 error there, and
-    every other output equal to onnxruntime's; False for models with float16, and where
-    onnxruntime has no float64 kernel for an op."""
+    """Whether every output that fails the tolerance against onnxruntime is float32 and
+    within tolerance of the float64 twin's result plus ``FLOAT32_ERROR_FACTOR`` times
+    onnxruntime's own float32 error there; False for models with float16, and where
+    onnxruntime has no float64 kernel for an op that output needs (fuzz seed 1228, graph
+    18: a LayerNorm over one row of 8.4M elements, 3.6e-6 from float64 where onnxruntime's
+    float32 was 6.6e-3, next to an ``Erf`` of another output)."""
     if has_float16(model):
         return False
-    wide = {k: v.astype(np.float64) if v.dtype == np.float32 else v for k, v in feeds.items()}
-    try:
-        truth = verify.reference_outputs(widened(model, TensorProto.FLOAT, TensorProto.DOUBLE),
-                                         wide)
-    except Exception:  # noqa: BLE001 - an op without a float64 kernel in onnxruntime
-        return False
     plain = verify.reference_outputs(model, feeds)
-    for out, exact, ort in zip(outputs, truth, plain, strict=True):
+    for index, (out, ort) in enumerate(zip(outputs, plain, strict=True)):
         ort = np.asarray(ort)
-        if ort.dtype != np.float32 or out.dtype != np.float32:
-            if not compare([out], [ort]).ok:
-                return False
+        if compare([out], [ort]).ok:
             continue
-        exact = np.asarray(exact, np.float64)
+        if ort.dtype != np.float32 or out.dtype != np.float32:
+            return False
+        exact = _float64_output(model, feeds, index)
+        if exact is None:
+            return False
         allowed = (verify.ATOL["float32"] + verify.RTOL["float32"] * np.abs(exact)
                    + FLOAT32_ERROR_FACTOR * np.abs(ort.astype(np.float64) - exact))
         error = np.abs(out.astype(np.float64) - exact)
@@ -235,6 +233,39 @@ def as_accurate_as_float32(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
                 and compare([out[~finite]], [ort[~finite]]).ok):
             return False
     return True
+
+
+def _float64_output(model: onnx.ModelProto, feeds: dict[str, np.ndarray], index: int
+                    ) -> np.ndarray | None:
+    """Output ``index`` of ``model``'s float64 twin (``widened``), computed from the nodes
+    that output needs alone: another output's op may have no float64 kernel in onnxruntime
+    (``Erf``) where this one's all do; None where one of them has none."""
+    wide = {k: v.astype(np.float64) if v.dtype == np.float32 else v for k, v in feeds.items()}
+    try:
+        (exact,) = verify.reference_outputs(
+            widened(_one_output(model, index), TensorProto.FLOAT, TensorProto.DOUBLE), wide)
+    except Exception:  # noqa: BLE001 - an op without a float64 kernel in onnxruntime
+        return None
+    return np.asarray(exact, np.float64)
+
+
+def _one_output(model: onnx.ModelProto, index: int) -> onnx.ModelProto:
+    """A copy of ``model`` with output ``index`` alone and the nodes it needs (every input
+    kept, so the same feeds serve)."""
+    single = onnx.ModelProto()
+    single.CopyFrom(model)
+    graph = single.graph
+    keep = graph.output[index]
+    needed, kept = {keep.name}, []
+    for node in reversed(graph.node):
+        if needed & set(node.output):
+            kept.append(node)
+            needed |= set(node.input)
+    del graph.output[:]
+    graph.output.append(keep)
+    del graph.node[:]
+    graph.node.extend(reversed(kept))
+    return single
 
 
 def compare(outputs: list[np.ndarray], expected: list[np.ndarray],

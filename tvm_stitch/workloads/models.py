@@ -383,7 +383,7 @@ def _require_extra(name: str) -> None:
 
 
 @contextmanager
-def _quiet_exporter() -> Iterator[None]:
+def quiet_exporter() -> Iterator[None]:
     """Silence the exporters' warnings and progress logs (missing torchvision, constant folding
     attempts), which say nothing about the exported model."""
     loggers = [logging.getLogger(name) for name in ("torch.onnx", "onnxscript")]
@@ -406,7 +406,7 @@ def _torch_export(module: Any, example: tuple[Any, ...], spec: ExportSpec) -> on
                  output_names=getattr(module, "output_names", [spec.output]))
     axes = [{i: a for i, a in enumerate(t.axes) if a} if spec.dynamic else {}
             for t in spec.inputs]
-    with torch.no_grad(), _quiet_exporter():
+    with torch.no_grad(), quiet_exporter():
         if spec.dynamo:
             dims = {a: torch.export.Dim(a) for t in axes for a in t.values()}
             shapes = tuple({i: dims[a] for i, a in t.items()} or None for t in axes)
