@@ -28,51 +28,42 @@ from tvm_stitch.testing.differential import check_model
 from tvm_stitch.workloads.models import quiet_exporter
 
 BATCH, TOKENS, VOCAB, IMAGE = 2, 32, 512, 64
+
+
+def _text(**config: Any) -> dict[str, Any]:
+    """A two-layer text model of width 128 in 4 heads, and what else ``config`` sets."""
+    return dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, **config)
+
+
+def _patches(**config: Any) -> dict[str, Any]:
+    """A two-layer vision transformer of width 96 in 3 heads on 8x8 patches."""
+    return dict(image_size=IMAGE, patch_size=8, hidden_size=96, num_hidden_layers=2,
+                num_attention_heads=3, intermediate_size=384, **config)
+
+
 TEXT: dict[str, tuple[str, str, dict[str, Any]]] = {
     "distilbert": ("DistilBertConfig", "DistilBertModel",
                    dict(dim=128, n_layers=2, n_heads=4, hidden_dim=512)),
-    "roberta": ("RobertaConfig", "RobertaModel",
-                dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
-                     intermediate_size=512, pad_token_id=1)),
-    "albert": ("AlbertConfig", "AlbertModel",
-               dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
-                    intermediate_size=512, embedding_size=64)),
+    "roberta": ("RobertaConfig", "RobertaModel", _text(intermediate_size=512, pad_token_id=1)),
+    "albert": ("AlbertConfig", "AlbertModel", _text(intermediate_size=512, embedding_size=64)),
     "convbert": ("ConvBertConfig", "ConvBertModel",
-                 dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      intermediate_size=512, embedding_size=128)),
+                 _text(intermediate_size=512, embedding_size=128)),
     "mistral": ("MistralConfig", "MistralModel",
-                dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
-                     num_key_value_heads=2, intermediate_size=352, sliding_window=16)),
-    "qwen2": ("Qwen2Config", "Qwen2Model",
-              dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
-                   num_key_value_heads=2, intermediate_size=352)),
+                _text(num_key_value_heads=2, intermediate_size=352, sliding_window=16)),
+    "qwen2": ("Qwen2Config", "Qwen2Model", _text(num_key_value_heads=2, intermediate_size=352)),
     "gemma": ("GemmaConfig", "GemmaModel",
-              dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
-                   num_key_value_heads=1, head_dim=32, intermediate_size=352)),
-    "phi": ("PhiConfig", "PhiModel",
-            dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 intermediate_size=512, partial_rotary_factor=0.5)),
-    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXModel",
-                 dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      intermediate_size=512, rotary_pct=0.25)),
-    "opt": ("OPTConfig", "OPTModel",
-            dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, ffn_dim=512,
-                 word_embed_proj_dim=128)),
+              _text(num_key_value_heads=1, head_dim=32, intermediate_size=352)),
+    "phi": ("PhiConfig", "PhiModel", _text(intermediate_size=512, partial_rotary_factor=0.5)),
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXModel", _text(intermediate_size=512, rotary_pct=0.25)),
+    "opt": ("OPTConfig", "OPTModel", _text(ffn_dim=512, word_embed_proj_dim=128)),
     "bloom": ("BloomConfig", "BloomModel", dict(hidden_size=128, n_layer=2, n_head=4)),
     "falcon": ("FalconConfig", "FalconModel",
-               dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
-                    new_decoder_architecture=False, multi_query=True, parallel_attn=True)),
+               _text(new_decoder_architecture=False, multi_query=True, parallel_attn=True)),
 }
 IMAGES: dict[str, tuple[str, str, dict[str, Any]]] = {
-    "vit": ("ViTConfig", "ViTModel",
-            dict(image_size=IMAGE, patch_size=8, hidden_size=96, num_hidden_layers=2,
-                 num_attention_heads=3, intermediate_size=384)),
-    "deit": ("DeiTConfig", "DeiTModel",
-             dict(image_size=IMAGE, patch_size=8, hidden_size=96, num_hidden_layers=2,
-                  num_attention_heads=3, intermediate_size=384)),
-    "clip_vision": ("CLIPVisionConfig", "CLIPVisionModel",
-                    dict(image_size=IMAGE, patch_size=8, hidden_size=96, num_hidden_layers=2,
-                         num_attention_heads=3, intermediate_size=384)),
+    "vit": ("ViTConfig", "ViTModel", _patches()),
+    "deit": ("DeiTConfig", "DeiTModel", _patches()),
+    "clip_vision": ("CLIPVisionConfig", "CLIPVisionModel", _patches()),
     "segformer": ("SegformerConfig", "SegformerModel",
                   dict(num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1],
                        hidden_sizes=[32, 64], num_attention_heads=[1, 2], patch_sizes=[7, 3],
