@@ -130,9 +130,7 @@ class _Rewriter:
             return tirx.IfThenElse(s.condition, then, other)
         if isinstance(s, tirx.BufferStore) and uniform and _races(s, self.ana):
             return _lockstep(None, [], s)
-        if isinstance(s, tirx.While):
-            return s  # its trip count may differ by thread: no barrier inside
-        return s
+        return s  # nothing inside a While, whose trip count may differ by thread
 
 
 def _update(s: tirx.Stmt, ana: Analyzer, condition: tvm.ir.PrimExpr
