@@ -14,8 +14,10 @@ from tvm_stitch.analysis import gpu_of_arch
 from tvm_stitch.plan import DemotionKind
 from tvm_stitch.schedule.occupancy import (
     REGISTERS_PER_CACHED_ELEMENT,
+    RESERVED_REGISTERS,
     cached_elements_cap,
     launch_config,
+    launch_for_cached,
 )
 from tvm_stitch.testing.differential import check_model
 from tvm_stitch.workloads import inputs as make_inputs
@@ -37,6 +39,41 @@ def test_cap_is_a_share_of_the_launch_bound_registers() -> None:
     assert cached_elements_cap(full) == 64 // REGISTERS_PER_CACHED_ELEMENT == 32
     small = launch_config(h200, 64, 512)
     assert cached_elements_cap(small) == small.max_registers // REGISTERS_PER_CACHED_ELEMENT
+
+
+def test_launch_bound_is_relaxed_for_the_cached_elements() -> None:
+    h200 = gpu_of_arch("sm_90")
+    planned = launch_config(h200, 256, 33024)
+    assert (planned.blocks_per_sm, planned.max_registers) == (5, 48)
+    relaxed = launch_for_cached(h200, planned, 16)
+    assert (relaxed.blocks_per_sm, relaxed.max_registers) == (4, 64)
+    assert relaxed.max_registers >= RESERVED_REGISTERS + 16 * REGISTERS_PER_CACHED_ELEMENT
+    assert launch_for_cached(h200, planned, 12) == planned  # 24 + 2 x 12 = 48: room enough
+    full = launch_config(h200, 1024, 0)  # no fewer blocks to take: the cap bounds the rest
+    assert launch_for_cached(h200, full, 32) == full
+
+
+def test_held_input_beside_an_output_read_inside_does_not_spill() -> None:
+    # fuzz case 1229:4: x - 2 (an output), its layer norm, and x - 2 - x over rows of 4096 on
+    # 256 threads: x is held, 16 elements per thread, and the scale read from global memory
+    # in the normalising phase. At 5 blocks per SM (48 registers) ptxas spilled 72 B on sm_90;
+    # the launch bound now takes 4 blocks per SM and 64 registers
+    rows, length = 2048, 4096
+    scale = numpy_helper.from_array(np.linspace(0.5, 1.5, length, dtype=np.float32), "scale")
+    bias = numpy_helper.from_array(np.linspace(-1, 1, length, dtype=np.float32), "bias")
+    two = numpy_helper.from_array(np.array(2.0, np.float32), "two")
+    model = _model([helper.make_node("Sub", ["x", "two"], ["s"]),
+                    helper.make_node("LayerNormalization", ["s", "scale", "bias"], ["n"],
+                                     axis=-1),
+                    helper.make_node("Sub", ["s", "x"], ["d"])],
+                   [rows, length], ["s", "n", "d"], (scale, bias, two))
+    _, plan = lower_stitch(model)
+    (group,) = plan.groups
+    assert any(b.name == "x" and b.level.value == "register" for b in group.buffers)
+    assert (group.mapping.threads_per_row, group.launch.blocks_per_sm,
+            group.launch.max_registers) == (256, 4, 64), group.launch
+    outcome = check_model(model, "stitch", triage=False)
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
 
 
 def test_column_softmax_takes_more_row_tiles_than_the_cap_allows_rows() -> None:

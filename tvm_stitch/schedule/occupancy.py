@@ -107,6 +107,14 @@ half of the register cap for those values leaves the other half for addresses, a
 and temporaries."""
 
 
+RESERVED_REGISTERS = 24
+"""Registers a thread wants beside those of its cached elements, where a launch bound of
+fewer blocks per SM can give them (``launch_for_cached``): addresses, indices, accumulators
+and the loads in flight of a phase that reads other inputs. 16 elements of an input held at
+a cap of 48 spilled 72 B on sm_90 (fuzz 1229:4: a LayerNorm phase loading its scale from
+global memory beside them, three outputs); 56 registers did not spill."""
+
+
 FULL_UNROLL_STEPS = 32
 """Most steps of a thread's loop over its row elements that nvcc unrolls fully, and so the
 most after which an input read again is still held in registers: ptxas on sm_90, LayerNorm
@@ -119,6 +127,22 @@ def cached_elements_cap(launch: Launch) -> int:
     without spilling: its register cap (``max_registers``, the launch bound's) over
     ``REGISTERS_PER_CACHED_ELEMENT``."""
     return launch.max_registers // REGISTERS_PER_CACHED_ELEMENT
+
+
+def launch_for_cached(gpu: GPU, launch: Launch, elements: int) -> Launch:
+    """``launch`` with fewer blocks per SM, and so a higher register cap, when its cap is
+    below ``RESERVED_REGISTERS`` and ``REGISTERS_PER_CACHED_ELEMENT`` for each of
+    ``elements`` cached per thread; unchanged when it is not, or when no block count gives a
+    thread that many registers (``cached_elements_cap`` still bounds what it keeps). Not for
+    a persistent grid, whose tiles are sized to the wave."""
+    needed = RESERVED_REGISTERS + elements * REGISTERS_PER_CACHED_ELEMENT
+    if needed <= launch.max_registers:
+        return launch
+    blocks = blocks_per_sm(gpu, launch.threads, needed, launch.shared_bytes)
+    if blocks == 0:
+        return launch
+    return replace(launch, blocks_per_sm=blocks,
+                   max_registers=max_registers(gpu, launch.threads, blocks))
 
 
 SHARED_ALIGNMENT = 64
@@ -161,6 +185,7 @@ def launch_config(gpu: GPU, threads: int, shared_bytes: int, grid: int = 0,
                   gpu.sms, grid)
 
 
-__all__ = ["ASSUMED_REGISTERS", "REGISTERS_PER_CACHED_ELEMENT", "SIMT_DEVICE", "aligned_shared",
-           "blocks_per_sm", "cached_elements_cap", "device_of", "kernel_shared_bytes",
+__all__ = ["ASSUMED_REGISTERS", "REGISTERS_PER_CACHED_ELEMENT", "RESERVED_REGISTERS",
+           "SIMT_DEVICE", "aligned_shared", "blocks_per_sm", "cached_elements_cap",
+           "launch_for_cached", "device_of", "kernel_shared_bytes",
            "launch_config", "max_registers"]

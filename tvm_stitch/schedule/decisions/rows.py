@@ -30,7 +30,7 @@ from ..mapping import (
     row_steps,
     row_vector,
 )
-from ..occupancy import FULL_UNROLL_STEPS, cached_elements_cap
+from ..occupancy import FULL_UNROLL_STEPS, cached_elements_cap, launch_for_cached
 from ..rows import (
     BlockRows,
     RowAccess,
@@ -117,6 +117,7 @@ def decide_rows(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: in
     shared = shared_bytes_of(dec, mapping)
     launch = launch_of(gpu, mapping.threads_per_block, shared, grid_of(mapping))
     reread, per_row = register_cache(sch, func, dec, mapping, infos)
+    launch = launch_for_cached(gpu, launch, per_row)
     if per_row > cached_elements_cap(launch):
         raise Unstitchable(f"each thread would keep {per_row} elements of the inputs it "
                            f"re-reads ({', '.join(reread)}) in registers, more than "
