@@ -76,6 +76,30 @@ def test_held_input_beside_an_output_read_inside_does_not_spill() -> None:
     assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
 
 
+def test_input_re_read_from_global_memory_guards_only_its_last_step() -> None:
+    # fuzz case 818987:14: a layer norm over both axes of x expanded to (2, 257, 127), rows
+    # of 32639 on 1024 threads: x (shared by both rows, over the shared budget) is re-read
+    # from global memory, 32 elements kept per thread. With the row's guard on every
+    # unrolled step of the normalising walk ptxas spilled 8 B at 64 registers on sm_80; the
+    # walk is split into 31 whole steps and a guarded last one, as for a held input
+    scale = numpy_helper.from_array(np.linspace(0.5, 1.5, 257 * 127, dtype=np.float32)
+                                    .reshape(257, 127), "scale")
+    shape = numpy_helper.from_array(np.array([2, 257, 127], np.int64), "shape")
+    graph = helper.make_graph(
+        [helper.make_node("Expand", ["x", "shape"], ["e"]),
+         helper.make_node("LayerNormalization", ["e", "scale"], ["n"], axis=-2)],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [257, 127])],
+        [helper.make_tensor_value_info("n", TensorProto.FLOAT, [2, 257, 127])],
+        initializer=[scale, shape])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    _, plan = lower_stitch(model)
+    (group,) = plan.groups
+    assert (group.mapping.threads_per_row, group.mapping.row_length) == (1024, 32639)
+    assert any(b.name == "x" and b.level.value == "global" for b in group.buffers)
+    outcome = check_model(model, "stitch", triage=False)
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+
+
 def test_column_softmax_takes_more_row_tiles_than_the_cap_allows_rows() -> None:
     # fuzz case g125: a softmax down the 31 rows of each column re-reads the column in three
     # phases; one tile of 31 rows would keep 31 elements per thread, over 48 / 2 registers

@@ -22,7 +22,9 @@ inside the row), then the last, partial step under the row's guard. nvcc does no
 over rows of 30000 holding 30 elements per thread of a 1024-thread block with three
 element-wise outputs spilled 40 to 48 B at the 64 registers of its launch bound (fuzz case
 stitch-s4242-g38), and none once only the last step was guarded. A reduction's walk stays
-whole: TVM lowers one reduction block to one cross-thread reduction.
+whole: TVM lowers one reduction block to one cross-thread reduction. An input re-read from
+global memory by several blocks is kept in registers by nvcc alike, and its element-wise
+readers' walks are split the same way.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from tvm import s_tir, tirx
 from tvm.sym import Analyzer
 
 from ..plan import BufferRole, Group, StorageLevel
-from .blocks import LOCAL, name_of, readers
+from .blocks import LOCAL, buffer_params, name_of, readers
 
 WHOLE_STEPS_SLACK = 16
 """A copy runs over whole steps when the elements past the row's end are at most this
@@ -48,11 +50,10 @@ def held_inputs(group: Group) -> list[str]:
 
 def hold_inputs(sch: s_tir.Schedule, group: Group) -> s_tir.Schedule:
     """``sch`` (a scheduled row group) with the register copies of the held inputs laid out
-    and unguarded, and their readers' last steps guarded apart, as the module docstring says;
-    a new schedule when a copy was unguarded."""
+    and unguarded, and the last steps of their readers, and of the readers of inputs re-read
+    from global memory, guarded apart, as the module docstring says; a new schedule when a
+    copy was unguarded."""
     names = [f"{name}_{LOCAL}" for name in held_inputs(group)]
-    if not names:
-        return sch
     threads = group.mapping.threads_per_row
     for name in names:
         block = sch.get_sblock(name)
@@ -61,30 +62,42 @@ def hold_inputs(sch: s_tir.Schedule, group: Group) -> s_tir.Schedule:
         sch.transform_layout(block, ("write", 0), tirx.IndexMap.from_func(
             lambda _row, e: (e // threads,), ndim=2, index_dtype=dtype),
             assume_injective_transform=True)
-    func = sch.mod["main"]
-    ana = Analyzer()
+    if names:
+        func = sch.mod["main"]
+        ana = Analyzer()
 
-    def bind(loop: tirx.For) -> None:
-        ana.bind(loop.loop_var, tvm.ir.Range.from_min_extent(loop.min, loop.extent))
+        def bind(loop: tirx.For) -> None:
+            ana.bind(loop.loop_var, tvm.ir.Range.from_min_extent(loop.min, loop.extent))
 
-    tvm_ffi.structural_walk(func.body, [(tirx.For, bind)])
-    unguarded = tvm_ffi.structural_map(
-        func, [(s_tir.stmt.SBlockRealize, lambda r: _whole_steps(r, set(names), ana))])
-    sch = sch if unguarded.same_as(func) else s_tir.Schedule(unguarded)
+        tvm_ffi.structural_walk(func.body, [(tirx.For, bind)])
+        unguarded = tvm_ffi.structural_map(
+            func, [(s_tir.stmt.SBlockRealize, lambda r: _whole_steps(r, set(names), ana))])
+        sch = sch if unguarded.same_as(func) else s_tir.Schedule(unguarded)
     if not group.phases:
         # A persistent grid's phases are later cut out of the kernel by block: the partition
         # copies a reader's block, and the float16 persistent grid of fuzz seed 2027, graph 139
         # then spilled and passed its arrays shifted on the SIMT runner.
-        _guard_last_step(sch, names, threads)
+        copies = [sch.get(sch.get_sblock(name)).writes[0].source for name in names]
+        _guard_last_step(sch, copies + _reread_inputs(sch, group), threads)
     return sch
 
 
-def _guard_last_step(sch: s_tir.Schedule, copies: list[str], threads: int) -> None:
-    """Split the element walk of every element-wise block that reads one of the register
-    ``copies`` (block names) into its whole steps and its last step, where ``threads`` do
-    not divide the block's row: only the last step then keeps the row's guard."""
-    copied = [sch.get(sch.get_sblock(name)).writes[0].source for name in copies]
-    users = sorted({name_of(sch, b) for buffer in copied for b in readers(sch, buffer)})
+def _reread_inputs(sch: s_tir.Schedule, group: Group) -> list[tirx.Buffer]:
+    """The inputs ``group`` reads from global memory in several blocks: nvcc keeps them in
+    registers between their unrolled reads as it keeps a held copy, and a guard on every
+    step of a reader cost a LayerNorm over rows of 32639 on 1024 threads, 32 elements per
+    thread, 8 B of spills at its 64 registers on sm_80 (fuzz case 818987:14)."""
+    names = {b.name for b in group.buffers
+             if b.role is BufferRole.INPUT and b.level is StorageLevel.GLOBAL}
+    return [b for b in buffer_params(sch.mod["main"])
+            if b.name in names and len(readers(sch, b)) > 1]
+
+
+def _guard_last_step(sch: s_tir.Schedule, buffers: list[tirx.Buffer], threads: int) -> None:
+    """Split the element walk of every element-wise block that reads one of ``buffers``
+    into its whole steps and its last step, where ``threads`` do not divide the block's row:
+    only the last step then keeps the row's guard."""
+    users = sorted({name_of(sch, b) for buffer in buffers for b in readers(sch, buffer)})
     for name in users:
         block = sch.get_sblock(name)
         iters = sch.get(block).iter_vars
