@@ -29,3 +29,25 @@ def test_scalar_ops_stitch_on_one_thread() -> None:
     assert stitched == 16  # the input read once, three outputs written once
     outcome = check_model(model, "stitch")
     assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+
+
+def test_mean_of_a_broadcast_scalar_stitches() -> None:
+    # fuzz graph 2612:576: the mean of a scalar expanded to (3,), over a divisor of another
+    # scalar. The group's only row is of scalar blocks, so no block moves vector lanes and
+    # the widest element was the max of nothing: stitching gave up for the whole model
+    # (and TVM's own flow crashes on it)
+    nodes = [helper.make_node("ReduceMax", ["x"], ["m"], keepdims=0),
+             helper.make_node("Expand", ["m", "three"], ["e"]),
+             helper.make_node("ReduceMean", ["e", "zero"], ["r"], keepdims=0),
+             helper.make_node("Abs", ["d"], ["a"]),
+             helper.make_node("Add", ["a", "half"], ["b"]),
+             helper.make_node("Div", ["r", "b"], ["y"])]
+    model = onnx_model(nodes, {"x": [257, 7], "d": []}, {"m": [], "y": []},
+                       {"three": np.array([3], np.int64), "zero": np.array([0], np.int64),
+                        "half": np.array(0.5, np.float32)})
+    scheduled = verify.compile_model(model, "stitch")
+    plan = StitchPlan.of_module(scheduled)
+    assert not any("gave up" in n for n in plan.notes), plan.notes
+    assert any("mean" in " ".join(g.ops) for g in plan.groups), plan
+    outcome = check_model(model, "stitch", triage=False)
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)

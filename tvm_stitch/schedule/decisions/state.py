@@ -116,7 +116,8 @@ def widest_element(sch: s_tir.Schedule, func: tirx.PrimFunc, by_lanes: bool = Fa
             widths += [bytes_of(r.source) for r in moving_regions(block)]
         else:
             widths.append(computed_bytes(block))
-    return max(widths)
+    # no block moves lanes (a row group of scalar blocks only): the parameters decide
+    return max(widths) if widths else widest_element(sch, func)
 
 
 def shared_bytes_of(dec: Decisions, mapping: ThreadMapping) -> int:
