@@ -41,3 +41,24 @@ def test_input_read_directly_and_through_a_reshape_is_not_staged_whole() -> None
                   {"flat": np.array([30000], np.int64)}, elem_type=TensorProto.FLOAT16)
     report = check_resources(verify.compile_model(built, "stitch"))
     assert report.violations == [], report.violations
+
+
+def test_input_whose_rows_cut_a_dimension_is_read_where_it_lies() -> None:
+    # ConvBERT's span-based convolution: a (2, 32, 18) tensor viewed as 128 rows of 9 and a
+    # softmax over them. The input, read at two places of its row, was staged by a copy
+    # over its own shape, which cannot be mapped to the rows (64 x 18 is not 128 x 9): the
+    # group fell back, "block x_shared does not iterate over the 128 rows first"
+    from tvm_stitch.plan import StitchPlan
+    from tvm_stitch.testing.differential import check_model
+
+    # (its attention softmax over 128 rows of 32 joins the group)
+    nodes = [helper.make_node("Reshape", ["x", "view"], ["r"]),
+             helper.make_node("Softmax", ["r"], ["y"], axis=1),
+             helper.make_node("Softmax", ["s"], ["p"], axis=-1)]
+    built = model(nodes, {"x": [2, 32, 18], "s": [2, 2, 32, 32]},
+                  {"y": [128, 9, 1], "p": [2, 2, 32, 32]},
+                  {"view": np.array([128, 9, 1], np.int64)})
+    plan = StitchPlan.of_module(verify.compile_model(built, "stitch"))
+    assert not plan.fallbacks and len(plan.groups) == 1, plan
+    outcome = check_model(built, "stitch", triage=False)
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)

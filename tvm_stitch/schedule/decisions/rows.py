@@ -11,7 +11,7 @@ from tvm import s_tir, tirx
 
 from ...analysis.roofline import GPU
 from ...plan import Buffer, BufferRole, Group, StorageLevel, ThreadMapping
-from ...symbolic import declared_bounds, is_symbolic, symbolic_extent, upper_bound
+from ...symbolic import declared_bounds, is_symbolic, shape_values, symbolic_extent, upper_bound
 from ...target import WARP_SIZE
 from ..blocks import (
     buffer_params,
@@ -39,6 +39,7 @@ from ..rows import (
     block_rows,
     error_summary,
     permuted_row,
+    prefix_split,
     reads_own_element,
     row_elements,
     rows_sharing,
@@ -172,6 +173,16 @@ def _read_out_of_order(sch: s_tir.Schedule, param: tirx.Buffer, infos: dict[str,
     return False
 
 
+def _splits_at_rows(param: tirx.Buffer, rows: int) -> bool:
+    """Whether ``param``'s leading dimensions are the rows (``prefix_split``): a staged copy
+    iterates over the input's own shape, and one whose rows cut a dimension cannot be
+    mapped to them (ConvBERT's softmax over 128 rows of 9 read from a (2, 32, 18) input:
+    "block lv25_shared does not iterate over the 128 rows first"). Such an input is read
+    where it lies."""
+    values = shape_values(param.shape)
+    return values is None or is_symbolic(rows) or prefix_split(list(values), rows) is not None
+
+
 def check_alignment(sch: s_tir.Schedule, infos: dict[str, BlockRows], rows: int,
                     among_rows: bool = False, permuted: tuple[str, ...] = ()) -> None:
     """Every write, and every read of a buffer the kernel produces, must stay in the row;
@@ -277,7 +288,7 @@ def decide_staging(sch: s_tir.Schedule, func: tirx.PrimFunc, infos: dict[str, Bl
             continue
         kinds = {access_rows(info, r, rows) for info, r in regions}
         span = min(rows_sharing(info, r) for info, r in regions)
-        if kinds == {RowAccess.ALIGNED} and span == 1:
+        if kinds == {RowAccess.ALIGNED} and span == 1 and _splits_at_rows(param, rows):
             per_row = row_elements(param, rows)
             own = all(reads_own_element(info, r, rows) for info, r in regions)
             if sites >= 2:
