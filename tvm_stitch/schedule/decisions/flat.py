@@ -33,7 +33,10 @@ HELD_LANES = 4
 intermediate in registers for several readers: ptxas spilled a float16 sigmoid kept for two
 readers in vectors of 8 at every launch bound tried (16-72 B, fuzz graph 2612:22) and not in
 vectors of 4; float32 never takes more than 4. A kept copy of an input (read at two places)
-costs no arithmetic and keeps its 8 lanes."""
+costs no arithmetic and keeps its 8 lanes. So do blocks computed lane by lane
+(``Group.scalar_blocks``), each lane with indices and a conditional load of its own: a
+float16 ``Where`` of a broadcast mask in vectors of 8 spilled 8 B on sm_90 at 48 registers
+(fuzz graph 2612:1566), in vectors of 4 it took 40."""
 
 
 def decide_flat(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, reused: list[str],
@@ -102,6 +105,14 @@ def decide_flat(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, reused: 
     sinks, _ = split_sinks(sch)
     scalar = tuple(name_of(sch, b) for b in sinks
                    if not lanes_fit_booleans(sch.get(b), mapping.vector))
+    if scalar and mapping.vector > HELD_LANES:
+        if group.choices.vector is not None:
+            raise Unstitchable(f"vectors of {mapping.vector}: blocks computed lane by lane "
+                               f"({', '.join(scalar)}) take at most {HELD_LANES} elements "
+                               "per access")
+        mapping = replace(mapping, vector=HELD_LANES)
+        scalar = tuple(name_of(sch, b) for b in sinks
+                       if not lanes_fit_booleans(sch.get(b), mapping.vector))
     return replace(group, mapping=mapping, inlined=tuple(inlined),
                    buffers=buffers + tuple(kept) + tuple(staged), shared_bytes=0,
                    shared_budget=0, scalar_blocks=scalar,
