@@ -113,12 +113,7 @@ def decide_rows(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: in
         mapping = _pack_horizontally(dec, mapping, gpu, budget, max_threads)
     mapping = fit_budget(sch, dec, mapping, budget)
     mapping = _pack_vertically(dec, mapping, gpu, choices.row_steps)
-    # Not with held inputs: a vector would give a thread other elements than its registers
-    # hold. Nor where some threads would get no whole vector: rows too few to fill the GPU
-    # take a thread per element, and 16 rows of 8 in vectors of 4 left 6 of 8 threads
-    # idle under a condition that TVM then could not place a barrier outside of ("Cannot
-    # insert syncs inside condition", fuzz graph 2612:294).
-    if not dec.held and (is_symbolic(length) or length >= mapping.threads_per_row * vector):
+    if not dec.held:  # a vector would give a thread other elements than its registers hold
         mapping = replace(mapping, vector=vector)
     shared = shared_bytes_of(dec, mapping)
     launch = launch_of(gpu, mapping.threads_per_block, shared, grid_of(mapping))
