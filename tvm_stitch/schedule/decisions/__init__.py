@@ -120,8 +120,32 @@ def decide(func: tirx.PrimFunc, group: Group, rows: int | None,
     across the grid barriers wins over one that reads them again in each phase; unless a
     block per row is counted with ``SPLIT_EXTRA_BYTES`` fewer bytes (a split that reads its
     row once per phase).
+
+    A kernel that the rules' vectors make unbuildable (lowering fails) is decided again in
+    scalar accesses, unless ``choices`` fix the vector.
     """
     choices = choices or Choices()
+    try:
+        return _decide_pairs(func, group, rows, target, choices)
+    except Unstitchable as err:
+        # Vectors on a row of threads with one element each for some (rows too few to fill
+        # the GPU get a thread per element): 16 rows of 8 on 8 threads in vectors of 4 ran
+        # its element-wise blocks under a per-thread condition, and TVM could not place the
+        # barrier after a staged intermediate outside it (fuzz graph 2612:294)
+        if choices.vector is not None or not str(err).startswith("lowering failed"):
+            raise
+        logger.debug("%s does not build in vectors, tried in scalars: %s", group.ops,
+                     error_summary(err))
+        try:
+            return _decide_pairs(func, group, rows, target, replace(choices, vector=1))
+        except Unstitchable:
+            raise err from None
+
+
+def _decide_pairs(func: tirx.PrimFunc, group: Group, rows: int | None, target: Target | None,
+                  choices: Choices) -> Decided:
+    """``decide`` with ``choices`` as they are: the online reduction where it is chosen,
+    else the rules' pick between two passes and online."""
     pairs = tuple(dict.fromkeys(p.maximum for p in find_online_pairs(prepare(func)))) \
         if rows is not None else ()
     if choices.online_softmax and not pairs:
