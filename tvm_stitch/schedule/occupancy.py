@@ -187,5 +187,5 @@ def launch_config(gpu: GPU, threads: int, shared_bytes: int, grid: int = 0,
 
 __all__ = ["ASSUMED_REGISTERS", "REGISTERS_PER_CACHED_ELEMENT", "RESERVED_REGISTERS",
            "SIMT_DEVICE", "aligned_shared", "blocks_per_sm", "cached_elements_cap",
-           "launch_for_cached", "device_of", "kernel_shared_bytes",
-           "launch_config", "max_registers"]
+           "device_of", "kernel_shared_bytes", "launch_config", "launch_for_cached",
+           "max_registers"]

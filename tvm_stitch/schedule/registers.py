@@ -63,16 +63,7 @@ def hold_inputs(sch: s_tir.Schedule, group: Group) -> s_tir.Schedule:
             lambda _row, e: (e // threads,), ndim=2, index_dtype=dtype),
             assume_injective_transform=True)
     if names:
-        func = sch.mod["main"]
-        ana = Analyzer()
-
-        def bind(loop: tirx.For) -> None:
-            ana.bind(loop.loop_var, tvm.ir.Range.from_min_extent(loop.min, loop.extent))
-
-        tvm_ffi.structural_walk(func.body, [(tirx.For, bind)])
-        unguarded = tvm_ffi.structural_map(
-            func, [(s_tir.stmt.SBlockRealize, lambda r: _whole_steps(r, set(names), ana))])
-        sch = sch if unguarded.same_as(func) else s_tir.Schedule(unguarded)
+        sch = _unguarded_copies(sch, set(names))
     if not group.phases:
         # A persistent grid's phases are later cut out of the kernel by block: the partition
         # copies a reader's block, and the float16 persistent grid of fuzz seed 2027, graph 139
@@ -80,6 +71,21 @@ def hold_inputs(sch: s_tir.Schedule, group: Group) -> s_tir.Schedule:
         copies = [sch.get(sch.get_sblock(name)).writes[0].source for name in names]
         _guard_last_step(sch, copies + _reread_inputs(sch, group), threads)
     return sch
+
+
+def _unguarded_copies(sch: s_tir.Schedule, names: set[str]) -> s_tir.Schedule:
+    """``sch`` with the register copies ``names`` (block names) run over whole steps
+    (``_whole_steps``); a new schedule when one was."""
+    func = sch.mod["main"]
+    ana = Analyzer()
+
+    def bind(loop: tirx.For) -> None:
+        ana.bind(loop.loop_var, tvm.ir.Range.from_min_extent(loop.min, loop.extent))
+
+    tvm_ffi.structural_walk(func.body, [(tirx.For, bind)])
+    unguarded = tvm_ffi.structural_map(
+        func, [(s_tir.stmt.SBlockRealize, lambda r: _whole_steps(r, names, ana))])
+    return sch if unguarded.same_as(func) else s_tir.Schedule(unguarded)
 
 
 def _reread_inputs(sch: s_tir.Schedule, group: Group) -> list[tirx.Buffer]:

@@ -132,7 +132,7 @@ def decide(func: tirx.PrimFunc, group: Group, rows: int | None,
         # the GPU get a thread per element): 16 rows of 8 on 8 threads in vectors of 4 ran
         # its element-wise blocks under a per-thread condition, and TVM could not place the
         # barrier after a staged intermediate outside it (fuzz graph 2612:294)
-        if choices.vector is not None or not str(err).startswith("lowering failed"):
+        if choices.vector is not None or not isinstance(err, LoweringFailed):
             raise
         logger.debug("%s does not build in vectors, tried in scalars: %s", group.ops,
                      error_summary(err))
@@ -401,11 +401,15 @@ def _scheduling(step: Callable[[tirx.PrimFunc, Group], T], func: tirx.PrimFunc,
         raise Unstitchable(f"scheduling failed: {error_summary(err)}") from err
 
 
+class LoweringFailed(Unstitchable):
+    """A scheduled kernel that TVM does not lower (``decide`` tries it in scalars)."""
+
+
 def _lower(scheduled: tirx.PrimFunc, group: Group, target: Target) -> LoweredFunc:
     try:
         return lower(scheduled, group.function or "stitched", target)
     except Exception as err:  # noqa: BLE001 - the kernel must build, or fall back
-        raise Unstitchable(f"lowering failed: {error_summary(err)}") from err
+        raise LoweringFailed(f"lowering failed: {error_summary(err)}") from err
 
 
 def _settle_launch(group: Group, lowered: LoweredFunc, gpu: GPU) -> Group:
