@@ -113,6 +113,27 @@ def test_column_softmax_takes_more_row_tiles_than_the_cap_allows_rows() -> None:
     assert_matches(run_simt(model, scheduled, feeds), reference(model, feeds))
 
 
+def test_persistent_grid_takes_fewer_longer_tiles_for_its_registers() -> None:
+    # fuzz case 2612:1168: log-softmaxes down the columns of Sign(x) and Min(-Sign(x), x),
+    # (4096, 768), hold x across the grid barriers. 512 tiles of 8 rows (24 elements per
+    # thread of 256) at 5 blocks per SM and 48 registers spilled 40 B on sm_90, and still at
+    # 4 blocks and 64; a wave of 2 blocks per SM takes 256 tiles of 16 rows at 128 registers
+    # (24 + 2 x 48 = 120 wanted), and the launch bound keeps them after the kernel is built
+    sign = helper.make_node("Sign", ["x"], ["s"])
+    model = _model([sign, helper.make_node("Neg", ["s"], ["n"]),
+                    helper.make_node("Min", ["n", "x"], ["m"]),
+                    helper.make_node("LogSoftmax", ["s"], ["a"], axis=0),
+                    helper.make_node("LogSoftmax", ["m"], ["b"], axis=0)],
+                   [4096, 768], ["a", "b"])
+    _, plan = lower_stitch(model)
+    (group,) = plan.groups
+    assert (group.mapping.row_steps, group.launch.grid, group.launch.blocks_per_sm,
+            group.launch.max_registers) == (16, 256, 2, 128), str(plan)
+    assert group.launch.max_registers >= RESERVED_REGISTERS + 48 * REGISTERS_PER_CACHED_ELEMENT
+    outcome = check_model(model, "stitch", triage=False)
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+
+
 def test_row_group_over_the_cap_falls_back_with_the_reason() -> None:
     # fuzz case g173's shape: layer norm over rows of 32768 written out and read again (Abs),
     # so the input, scale and bias are each read by two loops: 3 x 32 elements per thread of

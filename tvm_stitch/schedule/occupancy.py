@@ -129,20 +129,31 @@ def cached_elements_cap(launch: Launch) -> int:
     return launch.max_registers // REGISTERS_PER_CACHED_ELEMENT
 
 
+def registers_for_cached(elements: int) -> int:
+    """Registers a thread wants when it keeps ``elements`` elements of re-read inputs:
+    ``RESERVED_REGISTERS`` and ``REGISTERS_PER_CACHED_ELEMENT`` for each."""
+    return RESERVED_REGISTERS + elements * REGISTERS_PER_CACHED_ELEMENT
+
+
+def with_blocks_per_sm(gpu: GPU, launch: Launch, blocks: int) -> Launch:
+    """``launch`` at ``blocks`` blocks per SM, its register cap relaxed to what keeps them."""
+    return replace(launch, blocks_per_sm=blocks,
+                   max_registers=max_registers(gpu, launch.threads, blocks))
+
+
 def launch_for_cached(gpu: GPU, launch: Launch, elements: int) -> Launch:
     """``launch`` with fewer blocks per SM, and so a higher register cap, when its cap is
     below ``RESERVED_REGISTERS`` and ``REGISTERS_PER_CACHED_ELEMENT`` for each of
     ``elements`` cached per thread; unchanged when it is not, or when no block count gives a
     thread that many registers (``cached_elements_cap`` still bounds what it keeps). Not for
-    a persistent grid, whose tiles are sized to the wave."""
-    needed = RESERVED_REGISTERS + elements * REGISTERS_PER_CACHED_ELEMENT
+    a persistent grid, whose tiles are sized to the wave (``tiles.tiles_for_cached``)."""
+    needed = registers_for_cached(elements)
     if needed <= launch.max_registers:
         return launch
     blocks = blocks_per_sm(gpu, launch.threads, needed, launch.shared_bytes)
     if blocks == 0:
         return launch
-    return replace(launch, blocks_per_sm=blocks,
-                   max_registers=max_registers(gpu, launch.threads, blocks))
+    return with_blocks_per_sm(gpu, launch, blocks)
 
 
 SHARED_ALIGNMENT = 64
@@ -188,4 +199,4 @@ def launch_config(gpu: GPU, threads: int, shared_bytes: int, grid: int = 0,
 __all__ = ["ASSUMED_REGISTERS", "REGISTERS_PER_CACHED_ELEMENT", "RESERVED_REGISTERS",
            "SIMT_DEVICE", "aligned_shared", "blocks_per_sm", "cached_elements_cap",
            "device_of", "kernel_shared_bytes", "launch_config", "launch_for_cached",
-           "max_registers"]
+           "max_registers", "registers_for_cached", "with_blocks_per_sm"]

@@ -57,7 +57,7 @@ from ..blocks import (
     split_sinks,
 )
 from ..emit import kernel, rewritten
-from ..occupancy import device_of, kernel_shared_bytes
+from ..occupancy import device_of, kernel_shared_bytes, with_blocks_per_sm
 from ..phases import column_reductions
 from ..row_permutation import permute_rows
 from ..rows import Unstitchable, error_summary
@@ -414,14 +414,18 @@ def _lower(scheduled: tirx.PrimFunc, group: Group, target: Target) -> LoweredFun
 
 def _settle_launch(group: Group, lowered: LoweredFunc, gpu: GPU) -> Group:
     """``group`` with its launch configuration recomputed from the shared memory its built
-    kernel declares, when that differs from the plan's estimate; a persistent grid shrinks
-    to the new wave if it must (its phases loop over more tasks per block)."""
+    kernel declares, when that differs from the plan's estimate, at no more blocks per SM
+    than planned (a plan may take fewer for registers, ``occupancy.launch_for_cached``); a
+    persistent grid shrinks to the new wave if it must (its phases loop over more tasks per
+    block)."""
     launch = group.launch
     declared = max((kernel_shared_bytes(lowered.kernel(k.kernel)) for k in lowered.launches),
                    default=0)
     if launch is None or declared == launch.shared_bytes:
         return group
     settled = launch_of(gpu, launch.threads, declared, launch.grid)
+    if settled.blocks_per_sm > launch.blocks_per_sm:  # fewer were planned, for registers
+        settled = with_blocks_per_sm(gpu, settled, launch.blocks_per_sm)
     if group.cluster > 1:  # clusters are resident one by one: a block per sub-row still
         settled = replace(settled, grid=launch.grid)
     elif group.phases:

@@ -77,7 +77,13 @@ from .state import (
     widest_element,
     writes_param,
 )
-from .tiles import MIN_TILE_ROWS, choose_tiles, column_tile_options, fewest_tiles
+from .tiles import (
+    MIN_TILE_ROWS,
+    choose_tiles,
+    column_tile_options,
+    fewest_tiles,
+    tiles_for_cached,
+)
 
 
 def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: int,
@@ -220,6 +226,10 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
                 DemotionKind.ROW_TILES_KEPT, before=tiles, after=capped,
                 detail=f"tiles within the register cap ({held} > {cap_text(launch)}) would "
                        f"take {capped} tiles, more than one wave of {launch.wave} blocks"))
+    elif per_row and not symbolic and split == 1 and column_tiles == 1:
+        # within the cap, but maybe not beside what the rest of the thread wants
+        launch, tiles = tiles_for_cached(gpu, launch, rows, tiles, per_row, sums,
+                                         bool(roles.columns), rows * length)
     mapping = replace(mapping, row_tiles=tiles, row_steps=MIN_TILE_ROWS) if symbolic \
         else replace(mapping, row_steps=rows // tiles)
     for b in list(dec.block_shared):
