@@ -26,12 +26,13 @@ from .copies import Copy, copy_kind
 # TVM's OpPatternKind values, as AnnotateTIROpPattern writes them into "op_pattern".
 ELEMWISE, BROADCAST, INJECTIVE, COMM_REDUCE, OUT_EWISE_FUSABLE, TUPLE, OPAQUE = 0, 1, 2, 3, 4, 7, 8
 
-_EXPENSIVE_CALLS = frozenset(
+EXPENSIVE_CALLS = frozenset(
     f"tirx.{name}"
     for name in ("exp", "exp2", "exp10", "expm1", "log", "log2", "log10", "log1p", "erf", "tanh",
                  "sigmoid", "pow", "sqrt", "rsqrt", "sin", "cos", "tan", "asin", "acos", "atan",
                  "atan2", "sinh", "cosh", "asinh", "acosh", "atanh")
 )
+"""The TIR intrinsics that make an element-wise op expensive (transcendental functions)."""
 
 
 class OpKind(StrEnum):
@@ -161,7 +162,7 @@ def classify(func: tirx.PrimFunc, num_outputs: int = 1) -> OpInfo:
                       unsupported="its TIR has loops or blocks we cannot analyse")
     reads = tuple(sum(1 for b in blocks for buf, _ in b.loads if buf.same_as(p)) for p in inputs)
     aligned = tuple(_reads_aligned(blocks, p) for p in inputs)
-    expensive = any(b.calls & _EXPENSIVE_CALLS for b in blocks)
+    expensive = any(b.calls & EXPENSIVE_CALLS for b in blocks)
     base = {"pattern": pattern, "out_shape": out_shape, "expensive": expensive,
             "input_reads": reads, "input_aligned": aligned,
             "detail": "gather (opaque to TVM)" if gather else ""}

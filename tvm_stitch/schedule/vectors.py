@@ -9,6 +9,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir.schedule import SBlockRV
 from tvm.sym import Analyzer
 
+from ..graph.ops import EXPENSIVE_CALLS
 from ..transform.expressions import substituted, uses
 from ..transform.uniform_conditions import IF_THEN_ELSE, lane_uniform
 from .mapping import VECTOR_BYTES
@@ -128,6 +129,19 @@ def spatial_block(block: s_tir.stmt.SBlock) -> bool:
     """Whether ``block`` reduces over nothing: only such blocks take vectors (a reduction
     reads scalars, consecutive threads on consecutive elements)."""
     return all(int(iv.iter_type) == tirx.IterVar.DataPar for iv in block.iter_vars)
+
+
+def half_math_calls(sch: s_tir.Schedule, blocks: list[SBlockRV]) -> int:
+    """Calls of transcendental functions (``graph.ops.EXPENSIVE_CALLS``) on float16 values
+    in the spatial blocks among ``blocks``: CUDA computes each lane of ``hexp``, ``hlog`` and
+    their kind through float32 in several instructions, and a vector's lanes interleave."""
+    calls: list[tvm.ir.Call] = []
+    for rv in blocks:
+        block = sch.get(rv)
+        if spatial_block(block):
+            tvm_ffi.structural_walk(block.body, [(tvm.ir.Call, calls.append)])
+    return sum(1 for c in calls if isinstance(c.op, tvm.ir.Op) and c.op.name in EXPENSIVE_CALLS
+               and str(c.ty.dtype) == "float16")
 
 
 def scalar_blocks(sch: s_tir.Schedule, blocks: list[SBlockRV], vector: int

@@ -44,6 +44,7 @@ from ..rows import (
     row_elements,
     rows_sharing,
 )
+from ..vectors import half_math_calls
 from .budget import fit_budget
 from .chosen import (
     ROW_CHOICES,
@@ -53,6 +54,7 @@ from .chosen import (
     hold_chosen,
     reread_chosen,
 )
+from .flat import HELD_LANES
 from .state import (
     BlockShared,
     Decisions,
@@ -67,6 +69,13 @@ from .state import (
     widest_element,
     writes_param,
 )
+
+HALF_MATH_CALLS = 2
+"""Transcendental calls on float16 values (``vectors.half_math_calls``) from which a row
+group takes at most ``HELD_LANES`` halves per access: a LayerNorm over rows of 4112 halves
+on 1024 threads (64 registers), its input's ``hlog`` and sigmoid (``hexp``, a division) as
+two more outputs, spilled 40 B on sm_80 in vectors of 8 and took 40 registers in vectors of
+4; either call alone did not spill (fuzz graph 5150:1007)."""
 
 
 def decide_rows(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: int,
@@ -97,6 +106,9 @@ def decide_rows(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: in
     reread_chosen(dec, choices)
     dec.reductions = sum(1 for info in infos.values() if info.is_reduction)
     vector = chosen_vector(row_vector(length, widest_element(sch, func, by_lanes=True)), choices)
+    if vector > HELD_LANES and choices.vector is None \
+            and half_math_calls(sch, child_blocks(sch)) >= HALF_MATH_CALLS:
+        vector = HELD_LANES
     mapped = (bound or SYMBOLIC_ROW_LENGTH) if is_symbolic(length) else length
     if is_symbolic(rows):  # packed rows: the last block's rows past the end are guarded
         mapping = replace(row_mapping(rows, mapped, None, max_threads, gpu, vector),
