@@ -6,11 +6,16 @@ vector, interleaved, spilled. Owner: schedule/decisions/rows.py."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from onnx import TensorProto, helper
 from regression_models import model, needs_stitch
 
-from tvm_stitch.plan import StitchPlan
+from tvm_stitch.frontend.onnx import import_model
+from tvm_stitch.plan import Choices, StitchPlan
+from tvm_stitch.schedule.decisions import decide
+from tvm_stitch.schedule.rows import Unstitchable
 from tvm_stitch.testing.differential import check_model
+from tvm_stitch.tuning.tasks import extract_tasks
 from tvm_stitch.verify import compile_model
 
 pytestmark = needs_stitch
@@ -58,3 +63,15 @@ def test_one_half_transcendental_keeps_eight_lanes() -> None:
                                           helper.make_node("Add", ["l", "quarter"], ["y"])],
                                          ["y"])
     assert _vector(built) == 8
+
+
+def test_chosen_vectors_of_eight_are_refused() -> None:
+    built = _layer_norm_beside_half_math([
+        helper.make_node("Sigmoid", ["b"], ["s"]),
+        helper.make_node("Log", ["b"], ["l"]),
+        helper.make_node("Add", ["l", "quarter"], ["y"])], ["y", "s"])
+    (task,) = extract_tasks(import_model(built), "cuda:sm_80")
+    assert decide(task.func, task.group, task.rows, None, Choices(vector=4)).group \
+        .mapping.vector == 4
+    with pytest.raises(Unstitchable, match="at most 4 elements per access"):
+        decide(task.func, task.group, task.rows, None, Choices(vector=8))

@@ -106,8 +106,11 @@ def decide_rows(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: in
     reread_chosen(dec, choices)
     dec.reductions = sum(1 for info in infos.values() if info.is_reduction)
     vector = chosen_vector(row_vector(length, widest_element(sch, func, by_lanes=True)), choices)
-    if vector > HELD_LANES and choices.vector is None \
-            and half_math_calls(sch, child_blocks(sch)) >= HALF_MATH_CALLS:
+    if vector > HELD_LANES and half_math_calls(sch, child_blocks(sch)) >= HALF_MATH_CALLS:
+        if choices.vector is not None:
+            raise Unstitchable(f"vectors of {vector}: a row group computing "
+                               f"{HALF_MATH_CALLS} or more transcendentals on float16 values "
+                               f"takes at most {HELD_LANES} elements per access")
         vector = HELD_LANES
     mapped = (bound or SYMBOLIC_ROW_LENGTH) if is_symbolic(length) else length
     if is_symbolic(rows):  # packed rows: the last block's rows past the end are guarded
