@@ -51,3 +51,18 @@ def test_mean_of_a_broadcast_scalar_stitches() -> None:
     assert any("mean" in " ".join(g.ops) for g in plan.groups), plan
     outcome = check_model(model, "stitch", triage=False)
     assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+
+
+def test_one_element_matrix_vector_product_falls_back_with_its_reason() -> None:
+    # fuzz graph 2612:371: a softmax of one value times a (1, 1) matrix. Its group of one
+    # block made a statement sequence of one nest, which TVM refuses ("A SeqStmt of length
+    # 1 is prohibited"), and the plan said only "scheduling failed"
+    nodes = [helper.make_node("ReduceMean", ["x", "axes"], ["m"], keepdims=1),
+             helper.make_node("Softmax", ["m"], ["s"]),
+             helper.make_node("MatMul", ["s", "w"], ["y"])]
+    model = onnx_model(nodes, {"x": [1024]}, {"y": [1]},
+                       {"axes": np.array([0], np.int64), "w": np.full((1, 1), 2, np.float32)})
+    plan = StitchPlan.of_module(verify.compile_model(model, "stitch"))
+    reasons = [f.reason for f in plan.fallbacks]
+    assert reasons and not any("scheduling failed" in r for r in reasons), reasons
+    assert check_model(model, "stitch").kind == "ok"

@@ -749,7 +749,7 @@ def _reorder_by_phase(sch: s_tir.Schedule, phase_of: dict[str, int], last: set[s
         return phase_of[name], int(name in last), index
 
     ordered = [n for _, n in sorted(enumerate(nests), key=rank)]
-    return s_tir.Schedule(with_root(func, body=tirx.SeqStmt(ordered)))
+    return s_tir.Schedule(with_root(func, body=tirx.stmt_seq(*ordered)))
 
 
 def _map_row_phase(sch: s_tir.Schedule, mapping: ThreadMapping, names: set[str],

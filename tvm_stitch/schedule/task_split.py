@@ -221,7 +221,7 @@ def combine_per_reader(sch: s_tir.Schedule, func: tirx.PrimFunc) -> s_tir.Schedu
             at = next(i for i, n in enumerate(nests) if user in blocks_in(n))
             nests[at] = _with_buffers(nests[at], copies)
     nests = [_plain_reads(n, names) for n in nests]
-    return s_tir.Schedule(with_root(func, body=tirx.SeqStmt(nests), alloc_buffers=allocs))
+    return s_tir.Schedule(with_root(func, body=tirx.stmt_seq(*nests), alloc_buffers=allocs))
 
 
 def _plain_reads(stmt: tirx.Stmt, buffers: set[str]) -> tirx.Stmt:
