@@ -13,7 +13,10 @@ be stitched. ``permute_rows`` rewrites a row group's PrimFunc so they can be:
 - a chain's last copy, when it writes an output, iterates over its source's index space
   instead of its own (``transform_block_layout``, which checks the map is a bijection): it
   then reads its own row and writes a whole output row elsewhere, a *permuted* write
-  (``rows.access_rows``), which no other block of the kernel reads.
+  (``rows.access_rows``), unless another block of the kernel reads that output: its on-chip
+  copy would be filled at permuted places, and TVM bounded the loop filling it by a box of
+  the permuted indices (half a LayerNorm's row of (2, 32, 127) transposed to (32, 2, 127)
+  was written, fuzz graph 5150:916 while shrinking).
 
 A transposing copy that reads an input directly and moves the input's innermost axis (tokens
 to channels-last before a LayerNorm: ``(B, C, H, W) -> (B, H, W, C)``) is not inlined when
@@ -154,8 +157,10 @@ def permute_rows(func: tirx.PrimFunc, keep_transposes: bool = False
         stmt = sch.get(block)
         load = _copy_source(stmt)
         if load is None or stmt.writes[0].source.name not in params \
-                or not _transposes(stmt, load):
-            continue
+                or not _transposes(stmt, load) or readers(sch, stmt.writes[0].source,
+                                                          exclude=block):
+            continue  # a permuted write that the kernel reads again: its readers would
+            # read a copy of it (``cache_reused_outputs``) filled at permuted places
         iters = [iv.var for iv in stmt.iter_vars]
         try:
             sch.transform_block_layout(block, tirx.IndexMap(iters, list(load.indices), None))

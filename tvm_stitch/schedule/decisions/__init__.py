@@ -41,6 +41,7 @@ from tvm.target import Target
 
 from ...analysis.report import global_bytes, lowered_reports
 from ...analysis.roofline import GPU, kernel_time_us
+from ...analysis.traffic import AnalysisError
 from ...lowering import LoweredFunc, lower
 from ...plan import BufferRole, Choices, Group, StorageLevel
 from ...symbolic import declared_bounds, yardstick_sizes
@@ -234,18 +235,21 @@ def _decide_moves(func: tirx.PrimFunc, group: Group, rows: int | None,
     elif column_reductions(sch, rows):
         done = decide_global(sch, func, group, rows, budget, max_threads, gpu)
     else:
-        failure, built = None, []
+        failure, built, estimates = None, [], {}
         for split in split_candidates(func, group, rows, budget, max_threads, gpu):
             threads = split.mapping.threads_per_block
             if any(b.group.mapping.threads_per_block == threads for b in built):
                 continue  # the first that builds at each block size
             try:
-                built.append(_built(fused, split, target, gpu))
-            except (Unstitchable, ValueError) as err:  # the next, or a block per row
-                failure = err
+                decided = _built(fused, split, target, gpu)
+                if target is not None:  # a kernel whose traffic cannot be counted is not one
+                    estimates[threads] = _estimate_us(decided, gpu)
+            except (Unstitchable, ValueError, AnalysisError) as err:  # the next, or a block
+                failure = err                                         # per row
                 logger.debug("task splitting of %s does not build: %s", group.ops,
                              error_summary(err))
                 continue
+            built.append(decided)
             if target is None:  # nothing to count: the first that builds
                 return built[0]
         if failure is not None and choices.split_parts and not built:
@@ -256,7 +260,7 @@ def _decide_moves(func: tirx.PrimFunc, group: Group, rows: int | None,
         if (choices.cluster or 1) > 1 and not built:
             raise Unstitchable(f"no task splitting for clusters of {choices.cluster} blocks")
         if built:
-            best = min(built, key=lambda d: _estimate_us(d, gpu))
+            best = min(built, key=lambda d: estimates[d.group.mapping.threads_per_block])
             if choices.split_parts is not None or choices.cluster:
                 return best
             try:  # a block per row where the split would read more (an input per phase)
