@@ -419,7 +419,8 @@ def _lower(scheduled: tirx.PrimFunc, group: Group, target: Target) -> LoweredFun
 def _settle_launch(group: Group, lowered: LoweredFunc, gpu: GPU) -> Group:
     """``group`` with its launch configuration recomputed from the shared memory its built
     kernel declares, when that differs from the plan's estimate, at no more blocks per SM
-    than planned (a plan may take fewer for registers, ``occupancy.launch_for_cached``); a
+    than planned where the plan took fewer for registers (``occupancy.launch_for_cached``,
+    ``tiles.tiles_for_cached``); a
     persistent grid shrinks to the new wave if it must (its phases loop over more tasks per
     block)."""
     launch = group.launch
@@ -428,7 +429,9 @@ def _settle_launch(group: Group, lowered: LoweredFunc, gpu: GPU) -> Group:
     if launch is None or declared == launch.shared_bytes:
         return group
     settled = launch_of(gpu, launch.threads, declared, launch.grid)
-    if settled.blocks_per_sm > launch.blocks_per_sm:  # fewer were planned, for registers
+    for_registers = launch.blocks_per_sm < launch_of(gpu, launch.threads,
+                                                     launch.shared_bytes).blocks_per_sm
+    if for_registers and settled.blocks_per_sm > launch.blocks_per_sm:
         settled = with_blocks_per_sm(gpu, settled, launch.blocks_per_sm)
     if group.cluster > 1:  # clusters are resident one by one: a block per sub-row still
         settled = replace(settled, grid=launch.grid)
