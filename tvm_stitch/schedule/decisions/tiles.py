@@ -44,12 +44,12 @@ def tiles_for_cached(gpu: GPU, launch: Launch, rows: int, tiles: int, per_row: i
                      sums: int, partial_sums: bool, elements: int) -> tuple[Launch, int]:
     """The launch and row tiles of a persistent grid whose threads keep ``per_row`` elements
     of re-read inputs for each row of their tile (nvcc unrolls a short row walk) and ``sums``
-    partial sums: ``launch``
-    and ``tiles`` when their register cap leaves ``registers_for_cached`` for them, else the
-    most blocks per SM (fewer, longer tiles, one wave of them) whose higher cap does; unchanged
-    when none does. A tile's elements grow as the blocks shrink, the cap faster: fuzz 2612:1168,
-    a tile of 8 rows of 3 elements each at 48 registers (5 blocks of 256 threads per SM)
-    spilled 40 B, and at 64 registers; tiles of 16 rows at 2 blocks per SM get 128."""
+    partial sums: ``launch`` and ``tiles`` when their register cap leaves
+    ``registers_for_cached`` for them, else the most blocks per SM (fewer, longer tiles, one
+    wave of them) whose higher cap does; unchanged when none does. A tile's elements grow as
+    the blocks shrink, the cap faster: fuzz 2612:1168, a tile of 8 rows of 3 elements each at
+    48 registers (5 blocks of 256 threads per SM) spilled 40 B, and at 64 registers; tiles of
+    16 rows at 2 blocks per SM get 128."""
     if registers_for_cached(rows // tiles * per_row + sums) <= launch.max_registers:
         return launch, tiles
     for blocks in range(launch.blocks_per_sm - 1, 0, -1):
