@@ -12,7 +12,8 @@ over axes mixed with kept ones, or a softmax over a middle axis, is the same op 
 transposed input whose reduced axes trail),
 Float32Reductions (a float16 sum, mean or softmax accumulates in float32, where TVM's
 legalization accumulates in float16), the same passes as TVM's default CUDA legalization
-(LegalizeOps, AnnotateTIROpPattern, FoldConstant), then StitchFuse in place of FuseOps +
+(LegalizeOps, with LayerNorm's corrected two-pass mean and variance, AnnotateTIROpPattern,
+FoldConstant), then StitchFuse in place of FuseOps +
 FuseTIR, then StitchSchedule in place of dlight's ApplyDefaultSchedule.
 """
 
@@ -23,6 +24,7 @@ from tvm import relax
 from tvm.target import Target
 
 from ..schedule.rule import StitchSchedule
+from .corrected_layer_norm import LEGALIZATIONS
 from .exact_power import ExactPower
 from .float32_reductions import Float32Reductions
 from .identity_views import IdentityViews
@@ -43,7 +45,7 @@ def fusion_passes(target: Target) -> list[tvm.transform.Pass]:
         StackReduction(),
         MixedReduction(),
         Float32Reductions(),
-        relax.transform.LegalizeOps(),
+        relax.transform.LegalizeOps(LEGALIZATIONS),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
         StitchFuse(target),
