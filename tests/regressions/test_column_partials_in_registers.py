@@ -123,3 +123,28 @@ def test_partial_sums_and_a_held_input_share_the_register_budget() -> None:
     (group,) = StitchPlan.of_module(pipeline.lower(import_model(model), "cuda:sm_90",
                                                    flow="stitch")).groups
     assert not any(b.name == "x" and b.level is StorageLevel.REGISTER for b in group.buffers)
+
+
+def test_a_reduction_over_one_value_per_row_keeps_its_partial_sum_in_shared_memory() -> None:
+    # fuzz graph 7321:1656 (large 0.05): a softmax over the 7 rows of (7, 4097) float16 (its
+    # column partials over a quarter of the budget, so in registers) beside a LayerNorm over
+    # the 7 row maxima. The LayerNorm's sums have no columns, one partial sum per tile, and
+    # holding them "per column" in registers failed an emitter assertion: the whole group
+    # fell back ("scheduling failed: (7,)").
+    from tvm_stitch.workloads.graph import GraphBuilder
+
+    g = GraphBuilder("max_norm_column_softmax")
+    x = g.input("x", (7, 4097), dtype=np.float16)
+    top = g.op("ReduceMax", x, g.axes(1), keepdims=0)
+    norm = g.op("LayerNormalization", top,
+                g.constant(np.linspace(0.5, 1.5, 7), dtype=np.float16),
+                g.constant(np.linspace(-0.5, 0.5, 7), dtype=np.float16), axis=0)
+    model = g.model([norm, g.op("Softmax", x, axis=0)])
+    outcome = check_model(model, "stitch", triage=False)
+    assert outcome.kind == "ok" and not outcome.fallbacks, (outcome.error, outcome.fallbacks)
+    assert outcome.violations == []
+    (group,) = StitchPlan.of_module(pipeline.lower(import_model(model), "cuda:sm_90",
+                                                   flow="stitch")).groups
+    levels = {b.name: b.level for b in group.buffers if b.role is BufferRole.ACCUMULATOR}
+    assert levels["T_softmax_maxelem"] is StorageLevel.REGISTER
+    assert levels["x_sum"] is StorageLevel.SHARED

@@ -148,11 +148,11 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
     needed = sum(accumulators.values())
     in_registers: dict[str, int] = {}  # column reduction -> partial sums per thread
     if budget - needed < budget * 3 // 4:
-        in_registers = _partial_sums_in_registers(roles, mapping)
+        in_registers = _partial_sums_in_registers(sch, roles, mapping)
         dec.demotions.append(Demotion(DemotionKind.PARTIAL_SUMS_IN_REGISTERS,
                                       after=sum(in_registers.values()), used=needed,
                                       budget=budget))
-        accumulators = {}
+        accumulators = {n: size for n, size in accumulators.items() if n not in in_registers}
     available = budget - sum(accumulators.values())
     reserve = _kept_reserve(sch, func, roles, infos, mapping, rows, dec, available, gpu) \
         if split > 1 else 0
@@ -370,13 +370,18 @@ def _column_sums(sch: s_tir.Schedule, phases: tuple[Phase, ...], threads: int
     return tuple(sums)
 
 
-def _partial_sums_in_registers(roles: Roles, mapping: ThreadMapping) -> dict[str, int]:
+def _partial_sums_in_registers(sch: s_tir.Schedule, roles: Roles, mapping: ThreadMapping
+                               ) -> dict[str, int]:
     """Partial sums per thread of each column reduction kept in registers: a row phase maps
     column ``c`` of every row of its tile to thread ``c % P`` of its ``P`` threads
     (``emit._thread_loop``), so a thread sums the same ``ceil(width / P)`` columns over the
-    whole tile and no other thread touches them: registers, and no shared memory."""
+    whole tile and no other thread touches them: registers, and no shared memory. Not a
+    reduction to a scalar (over the rows of one value per row, as a LayerNorm over a row
+    reduction's results): its partial sums have no column axis for the threads to share
+    out, and its one sum per tile stays in shared memory."""
     threads = mapping.threads_per_row
-    return {name: -(-width // threads) for name, width in roles.columns.items()}
+    return {name: -(-width // threads) for name, width in roles.columns.items()
+            if len(sch.get(sch.get_sblock(name)).writes[0].source.shape) > 0}
 
 
 def _phase_inputs(sch: s_tir.Schedule, roles: Roles, rows: int, room: int
