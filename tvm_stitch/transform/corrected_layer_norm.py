@@ -56,21 +56,18 @@ def corrected_layer_norm(data: te.Tensor, gamma: te.Tensor, beta: te.Tensor,
     deviation = row_sum("x_dev_sum", lambda value, row: value - rough[tuple(row)])
     squares = row_sum("x_var_sum", lambda value, row: (value - rough[tuple(row)])
                       * (value - rough[tuple(row)]))
-    mean = te.compute(kept_shape, lambda *row: rough[row] + deviation[row] / count,
-                      name="x_corrected_mean")
 
-    def variance(*row: tirx.PrimExpr) -> tirx.PrimExpr:
-        shift = deviation[row] / count
-        # >= 0 in exact arithmetic; rounding must not take rsqrt below sqrt(epsilon)
-        return tirx.max(squares[row] / count - shift * shift, tirx.const(0, "float32"))
-
-    var = te.compute(kept_shape, variance, name="x_var")
-
+    # the corrections are computed where the normalised values are, not as blocks of their
+    # own: a row split over several blocks combines both sums where they are read, after the
+    # same grid barrier (a corrected-mean block would take a phase and a barrier more)
     def normalised(*index: tirx.PrimExpr) -> tirx.PrimExpr:
         row = tuple(index[a] for a in kept)
         within = tuple(index[a] for a in reduced)
-        value = (wide(data[index]) - mean[row]) * tirx.rsqrt(
-            var[row] + tirx.const(epsilon, "float32"))
+        shift = deviation[row] / count
+        # >= 0 in exact arithmetic; rounding must not take rsqrt below sqrt(epsilon)
+        variance = tirx.max(squares[row] / count - shift * shift, tirx.const(0, "float32"))
+        value = (wide(data[index]) - (rough[row] + shift)) * tirx.rsqrt(
+            variance + tirx.const(epsilon, "float32"))
         if data.dtype != "float32":
             value = value.astype(data.dtype)
         return value * gamma[within] + beta[within]
