@@ -10,13 +10,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import onnx
-from regression_models import needs_stitch
+import pytest
+from onnx import helper
+from regression_models import model, needs_stitch
 
 from tvm_stitch import verify
 from tvm_stitch.plan import StitchPlan
 from tvm_stitch.schedule.decisions.tiles import choose_tiles, column_tile_options
 from tvm_stitch.schedule.phases import BlockRole, Roles
+from tvm_stitch.testing.differential import check_model
 
 pytestmark = needs_stitch
 
@@ -35,3 +39,19 @@ def test_column_tiles_wider_than_a_wave_are_skipped() -> None:
     assert options[0] == 192  # warp-wide tiles: more than the wave of 132
     tiles, column_tiles = choose_tiles(options, roles, 2, 1024, 132, 2 * 6144)
     assert column_tiles in options[1:] and tiles * column_tiles <= 132
+
+
+@pytest.mark.parametrize("shape", [[1, 256, 512], [1, 16, 64, 512]])
+def test_column_tiles_are_not_taken_over_an_input_staged_per_row(shape: list[int]) -> None:
+    # fuzz graph 7321:1486 (large 0.05): the max over all rows of a softmax over a unit axis
+    # (exp(x - x), which reads x at two places: staged per row) took column tiles with lanes,
+    # threads on parts of a tile's rows, which the block-wide copy of each row does not
+    # follow: an emitter assertion, and the group fell back ("scheduling failed")
+    nodes = [helper.make_node("Softmax", ["x"], ["s"], axis=0),
+             helper.make_node("ReduceMax", ["s", "axes"], ["y"], keepdims=1)]
+    reduced = list(range(len(shape) - 1))
+    built = model(nodes, {"x": shape}, {"y": [1] * len(reduced) + shape[-1:]},
+                  {"axes": np.array(reduced, np.int64)})
+    outcome = check_model(built, "stitch", triage=False)
+    assert outcome.kind == "ok" and not outcome.fallbacks, (outcome.error, outcome.fallbacks)
+    assert outcome.violations == []

@@ -166,8 +166,11 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
     roles = assign_roles(sch, rows)
     # An input staged once per block covers the block's whole rows, not a tile of its columns
     # (tiling columns then read the staged copy at the wrong columns).
-    # Nor do registers, which hold a thread's columns of every row of its tile.
-    options = chosen_column_tiles([] if dec.block_shared or in_registers or symbolic
+    # Nor do registers, which hold a thread's columns of every row of its tile, nor an input
+    # staged per row, which the whole block copies at each row where lanes would take parts
+    # of the tile's rows (fuzz graph 7321:1486, exp(x - x) of a softmax over a unit axis).
+    options = chosen_column_tiles([] if dec.block_shared or dec.staged or in_registers
+                                  or symbolic
                                   else column_tile_options(roles, mapping.threads_per_block),
                                   choices)
     most = max(options, default=1)
