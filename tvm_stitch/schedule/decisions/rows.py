@@ -249,7 +249,7 @@ def decide_inlining(sch: s_tir.Schedule, func: tirx.PrimFunc, infos: dict[str, B
         users = readers(sch, buffer, exclude=block)
         sites = sum(load_count(sch, u, buffer) for u in users)
         gathered = len(readers(sch, buffer, exclude=block, affine=True)) < len(users)
-        if gathered or not info.element_iters or (len(users) == 1 and sites == 1) \
+        if gathered or not info.element_iters or (len(users) == 1 and sites == 1) or not sites \
                 or _widened_input(sch, func, block):
             try:
                 inline(sch, block)
@@ -299,7 +299,7 @@ def decide_staging(sch: s_tir.Schedule, func: tirx.PrimFunc, infos: dict[str, Bl
         sites = sum(load_count(sch, u, param) for u in users)
         regions = [(infos[name_of(sch, u)], r) for u in users for r in sch.get(u).reads
                    if r.source.same_as(param)]
-        if not regions:
+        if not regions or not sites:  # not read once simplified: nothing to stage
             continue
         kinds = {access_rows(info, r, rows) for info, r in regions}
         span = min(rows_sharing(info, r) for info, r in regions)
