@@ -37,3 +37,18 @@ def test_a_one_value_operand_of_a_whole_tensor_reduction_stitches(
     assert not any(b.name.startswith("const") for g in plan.groups for b in g.buffers), plan
     outcome = check_model(built, "stitch")
     assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+
+
+def test_a_scalar_input_of_a_block_computed_lane_by_lane_stitches() -> None:
+    # fuzz graph 9001:24 (large 0.3): erf(x + s) with s a 0-d input, computed lane by lane
+    # (erf has no vector form); looking for the inputs that move with the lanes indexed the
+    # last dimension of s's read region, which has none: "scheduling failed: Index out of
+    # range", and the group fell back (schedule/lanes.py)
+    nodes = [helper.make_node("Add", ["x", "s"], ["a"]),
+             helper.make_node("Erf", ["a"], ["y"])]
+    built = model(nodes, {"x": [8192, 32], "s": []}, {"y": [8192, 32]})
+    plan = StitchPlan.of_module(verify.compile_model(built, "stitch"))
+    assert len(plan.groups) == 1 and not plan.fallbacks, plan.fallbacks
+    assert plan.groups[0].lane_blocks
+    outcome = check_model(built, "stitch", triage=False)
+    assert outcome.kind == "ok", outcome.error

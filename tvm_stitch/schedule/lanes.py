@@ -68,6 +68,9 @@ def _moving_inputs(block: s_tir.stmt.SBlock) -> list[tirx.Buffer]:
         if buffer.scope() not in ("global", SHARED):
             continue
         found[buffer.name] = buffer
+        if not region.region:  # a scalar: the same value in every lane
+            moving[buffer.name] = False
+            continue
         last = region.region[-1]
         moves = int(last.extent) == 1 and uses(last.min, inner) \
             and all(not uses(r.min, inner) for r in region.region[:-1])
