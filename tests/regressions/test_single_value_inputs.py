@@ -1,4 +1,6 @@
-"""An input that holds one value is read where it is used, never staged in shared memory.
+"""An input that holds one value is read where it is used, never staged in shared memory;
+in a block computed lane by lane it is not copied a vector at a time (nor is an input read
+at its own element and at another: schedule/lanes.py).
 
 Fuzz graphs 4242:81, :140, :202, :226, :331, :353, :370 (large 0.05): a reduction over the
 whole tensor (one row) with a 0-d or one-element operand fell back with "block
@@ -47,6 +49,23 @@ def test_a_scalar_input_of_a_block_computed_lane_by_lane_stitches() -> None:
     nodes = [helper.make_node("Add", ["x", "s"], ["a"]),
              helper.make_node("Erf", ["a"], ["y"])]
     built = model(nodes, {"x": [8192, 32], "s": []}, {"y": [8192, 32]})
+    plan = StitchPlan.of_module(verify.compile_model(built, "stitch"))
+    assert len(plan.groups) == 1 and not plan.fallbacks, plan.fallbacks
+    assert plan.groups[0].lane_blocks
+    outcome = check_model(built, "stitch", triage=False)
+    assert outcome.kind == "ok", outcome.error
+
+
+def test_a_block_computed_lane_by_lane_reading_its_rows_first_element_stitches() -> None:
+    # erf(x - x[:, :1]): the lane block reads x at its own element and at the row's first,
+    # one region x[r, 0:c + 1] whose extent is not a number; taken for a moving input it
+    # failed ("scheduling failed: int() argument must be ... not 'Sub'")
+    nodes = [helper.make_node("Slice", ["x", "start", "end", "axes"], ["first"]),
+             helper.make_node("Sub", ["x", "first"], ["d"]),
+             helper.make_node("Erf", ["d"], ["y"])]
+    built = model(nodes, {"x": [8192, 32]}, {"y": [8192, 32]},
+                  {"start": np.array([0], np.int64), "end": np.array([1], np.int64),
+                   "axes": np.array([1], np.int64)})
     plan = StitchPlan.of_module(verify.compile_model(built, "stitch"))
     assert len(plan.groups) == 1 and not plan.fallbacks, plan.fallbacks
     assert plan.groups[0].lane_blocks

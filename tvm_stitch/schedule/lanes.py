@@ -72,7 +72,9 @@ def _moving_inputs(block: s_tir.stmt.SBlock) -> list[tirx.Buffer]:
             moving[buffer.name] = False
             continue
         last = region.region[-1]
-        moves = int(last.extent) == 1 and uses(last.min, inner) \
+        # a region of several reads (x[r, c] and x[r, 0]) spans more than one lane's element
+        moves = isinstance(last.extent, tirx.IntImm) and int(last.extent) == 1 \
+            and uses(last.min, inner) \
             and all(not uses(r.min, inner) for r in region.region[:-1])
         moving[buffer.name] = moving.get(buffer.name, True) and moves
     return [found[n] for n, ok in moving.items() if ok]
