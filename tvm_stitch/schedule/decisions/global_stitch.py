@@ -166,12 +166,12 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
     roles = assign_roles(sch, rows)
     # An input staged once per block covers the block's whole rows, not a tile of its columns
     # (tiling columns then read the staged copy at the wrong columns).
-    # Nor do registers, which hold a thread's columns of every row of its tile, nor an input
-    # staged per row, which the whole block copies at each row where lanes would take parts
+    # Nor do registers, which hold a thread's columns of every row of its tile. An input
+    # staged per row is copied by the whole block at each row, where lanes would take parts
     # of the tile's rows (fuzz graph 7321:1486, exp(x - x) of a softmax over a unit axis).
-    options = chosen_column_tiles([] if dec.block_shared or dec.staged or in_registers
-                                  or symbolic
-                                  else column_tile_options(roles, mapping.threads_per_block),
+    options = chosen_column_tiles([] if dec.block_shared or in_registers or symbolic
+                                  else column_tile_options(roles, mapping.threads_per_block,
+                                                           lanes=not dec.staged),
                                   choices)
     most = max(options, default=1)
     accumulators = {name: size // most + (mapping.threads_per_block * bytes_of(
@@ -268,7 +268,8 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
                    buffers=plan_buffers(dec, mapping, reused) + accumulated + partials + staged
                    + sums,
                    shared_bytes=shared, shared_budget=budget,
-                   demotions=tuple(dec.demotions), launch=replace(launch, grid=grid),
+                   demotions=tuple(dec.demotions),
+                   launch=replace(launch, grid=grid),
                    phases=phases)
 
 

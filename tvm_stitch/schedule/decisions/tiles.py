@@ -63,20 +63,20 @@ def tiles_for_cached(gpu: GPU, launch: Launch, rows: int, tiles: int, per_row: i
     return launch, tiles
 
 
-def column_tile_options(roles: Roles, threads: int) -> list[int]:
+def column_tile_options(roles: Roles, threads: int, lanes: bool = True) -> list[int]:
     """Column tiles per row tile, best first, when the row phases only accumulate column
     reductions (no block needs whole rows) of one width: a task then takes a tile of its row
     tile's columns rather than all of them, so that fewer, longer row tiles fill the GPU and
     fewer rows of partial sums go through global memory. Warp-wide tiles (one reduction: the
     block's warps take parts of the tile's rows, lanes, and add up their sums in shared
-    memory), or a column per thread."""
+    memory; unless not ``lanes``), or a column per thread."""
     widths = set(roles.columns.values())
     if roles.of_kind(BlockRole.ROW) or len(widths) != 1:
         return []
     width = widths.pop()
     options = []
-    if len(roles.columns) == 1 and threads % WARP_SIZE == 0 and width % WARP_SIZE == 0 \
-            and width > WARP_SIZE:
+    if lanes and len(roles.columns) == 1 and threads % WARP_SIZE == 0 \
+            and width % WARP_SIZE == 0 and width > WARP_SIZE:
         options.append(width // WARP_SIZE)
     if width % threads == 0 and width > threads:
         options.append(width // threads)
