@@ -398,3 +398,16 @@ def test_column_tiles_are_refused_with_an_input_staged_per_block(op: str) -> Non
     reduce = {"ReduceSum": np.sum, "ReduceMax": np.max}[op]
     (y,) = run_simt(built, scheduled, {"x": x})
     np.testing.assert_allclose(y, reduce(x - c, axis=0), rtol=1e-5, atol=1e-5)
+
+
+def test_a_split_row_takes_the_blocks_per_sm_its_grid_needs_and_their_registers() -> None:
+    # fuzz graph 7321:1679: a LayerNorm over one row of (1, 16, 512, 512) split over 512
+    # blocks of 256 threads, beside tanh and where outputs, spilled 20 B on sm_90 under a
+    # launch bound of 5 blocks per SM (48 registers) that its shared memory allowed; 512
+    # blocks put at most 4 on each of 132 SMs, which keep 64 registers
+    _, plan = lower_stitch(micro.layer_norm((1, 1 << 22)))
+    (group,) = plan.groups
+    launch = group.launch
+    assert group.row_split == launch.grid == 512
+    assert (launch.blocks_per_sm, launch.max_registers) == (4, 64)
+    assert launch.wave >= launch.grid  # every sub-row's block resident at the grid barriers

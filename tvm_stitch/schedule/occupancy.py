@@ -156,6 +156,20 @@ def launch_for_cached(gpu: GPU, launch: Launch, elements: int) -> Launch:
     return with_blocks_per_sm(gpu, launch, blocks)
 
 
+def launch_for_grid(gpu: GPU, launch: Launch, grid: int) -> Launch:
+    """``launch`` with no more blocks per SM than a grid of ``grid`` blocks spread over the
+    SMs puts on one, ``ceil(grid / SMs)``, and so a higher register cap: a launch bound of
+    more blocks takes registers from threads that never share their SM with that many. For
+    rows split over several blocks, every block resident at once (a LayerNorm over one row
+    split over 512 blocks, 5 blocks per SM allowed by its shared memory, spilled 20 B at 48
+    registers on sm_90; 4 per SM hold all 512 on 132 SMs). Not for other groups, whose
+    estimates and register budgets are planned at the occupancy they may reach."""
+    resident = -(-grid // gpu.sms)
+    if grid <= 0 or resident >= launch.blocks_per_sm:
+        return launch
+    return with_blocks_per_sm(gpu, launch, resident)
+
+
 SHARED_ALIGNMENT = 64
 """TVM's CUDA code generator declares every shared array ``alignas(64)``."""
 
@@ -199,4 +213,4 @@ def launch_config(gpu: GPU, threads: int, shared_bytes: int, grid: int = 0,
 __all__ = ["ASSUMED_REGISTERS", "REGISTERS_PER_CACHED_ELEMENT", "RESERVED_REGISTERS",
            "SIMT_DEVICE", "aligned_shared", "blocks_per_sm", "cached_elements_cap",
            "device_of", "kernel_shared_bytes", "launch_config", "launch_for_cached",
-           "max_registers", "registers_for_cached", "with_blocks_per_sm"]
+           "launch_for_grid", "max_registers", "registers_for_cached", "with_blocks_per_sm"]

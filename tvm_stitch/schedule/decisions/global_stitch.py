@@ -35,7 +35,7 @@ from ..blocks import (
     written_params,
 )
 from ..mapping import row_mapping, row_vector
-from ..occupancy import aligned_shared, cached_elements_cap, launch_config
+from ..occupancy import aligned_shared, cached_elements_cap, launch_config, launch_for_grid
 from ..phases import (
     BlockRole,
     Roles,
@@ -269,7 +269,8 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
                    + sums,
                    shared_bytes=shared, shared_budget=budget,
                    demotions=tuple(dec.demotions),
-                   launch=replace(launch, grid=grid),
+                   launch=replace(launch_for_grid(gpu, launch, grid) if split > 1 else launch,
+                                  grid=grid),
                    phases=phases)
 
 
