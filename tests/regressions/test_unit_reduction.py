@@ -175,3 +175,19 @@ def test_a_layer_norm_over_unit_axes_stitches(shape: list[int], axis: int) -> No
     assert not [f for f in plan.fallbacks if "nothing to stitch" not in f.reason], plan
     outcome = check_model(built, "stitch")
     assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax", "LayerNormalization"])
+def test_a_reduction_over_a_unit_axis_of_an_infinite_value_is_nan(op: str) -> None:
+    # exp(x - x) of an infinite x is NaN (onnxruntime's softmax too); written as x - x, TVM's
+    # simplifier folded it to 0, and the stitch flow gave 1 (0 for the log-softmax, beta for
+    # the layer norm, written x * 0 * gamma + beta)
+    node = (helper.make_node(op, ["a", "g", "b"], ["y"], axis=1) if op == "LayerNormalization"
+            else helper.make_node(op, ["a"], ["y"], axis=1))
+    built = model([helper.make_node("Abs", ["x"], ["a"]), node], {"x": [8, 1]}, {"y": [8, 1]},
+                  {"g": np.array([1.5], np.float32), "b": np.array([0.25], np.float32)}
+                  if op == "LayerNormalization" else None)
+    x = np.array([[1.0], [-2.0], [np.inf], [-np.inf], [np.nan], [0.0], [3.0], [1e30]],
+                 np.float32)
+    outcome = check_model(built, "stitch", triage=False, feeds={"x": x}, resources=False)
+    assert outcome.kind == "ok", outcome.error

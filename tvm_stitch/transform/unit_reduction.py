@@ -1,9 +1,10 @@
 """UnitReduction: a reduction whose reduced axes all have extent 1 becomes a reshape, one
 that reduces unit axes among others reduces the others only, a softmax (log-softmax) over
-an axis of extent 1 is ``exp(x - x)`` (``x - x``), a layer norm over axes of extent 1 is
-``x * 0 * gamma + beta`` (over unit and longer ones, a layer norm over the longer ones),
-and a matmul over an inner dimension of 1 is a broadcast
-multiply.
+an axis of extent 1 is 1 (0) where ``x`` is finite and NaN elsewhere, as ``exp(x - x)``
+(``x - x``) is, a layer norm over axes of extent 1 is that 0 or NaN times ``gamma`` plus
+``beta`` (over unit and longer ones, a layer norm over the longer ones), and a matmul over
+an inner dimension of 1 is a broadcast multiply. Not ``x - x`` itself: TVM's simplifier
+folds it to 0 for floats too, and an infinite input gave 1 where onnxruntime gives NaN.
 
 Summing, averaging, or taking the maximum, minimum or product over axes of one element
 returns each element unchanged: the result is the input with those axes dropped (or kept
@@ -141,11 +142,8 @@ class _UnitReduction(relax.PyExprMutator):
                     for arg in call.args)
             return relax.op.multiply(a, b)
         if _is_unit_softmax(call):
-            # x - x: 0 for a finite x, NaN for an infinite or NaN one, as the op itself gives
-            diff = relax.op.subtract(call.args[0], call.args[0])
-            if call.op.same_as(_SOFTMAX):
-                return relax.op.exp(self.builder_.emit(diff, name_hint="unit_softmax"))
-            return diff
+            # exp(x - x) (x - x): 1 (0) for a finite x, NaN for an infinite or NaN one
+            return self._where_finite(call.args[0], 1 if call.op.same_as(_SOFTMAX) else 0)
         unit, rest = _layer_norm_axes(call)
         if unit and rest:  # the same statistics over the longer axes alone
             data, gamma, beta = call.args
@@ -156,9 +154,9 @@ class _UnitReduction(relax.PyExprMutator):
                 call.attrs.epsilon, call.attrs.center, call.attrs.scale)
         if unit:
             # each element is its own mean: the normalised value is 0 (NaN for an infinite or
-            # NaN input), x * 0, which reads x once (x - x would read it at two places)
+            # NaN input)
             data, gamma, beta = call.args
-            result = relax.op.multiply(data, relax.const(0, data.ty.dtype))
+            result = self._where_finite(data, 0)
             if call.attrs.scale:
                 result = relax.op.multiply(self.builder_.emit(result, name_hint="unit_norm"),
                                            gamma)
@@ -176,6 +174,15 @@ class _UnitReduction(relax.PyExprMutator):
         if tvm_ffi.structural_equal(data.ty.shape, call.ty.shape):
             return data
         return relax.op.reshape(data, call.ty.shape)
+
+
+    def _where_finite(self, data: relax.Expr, value: float) -> relax.Expr:
+        """``value`` where ``data`` is finite, NaN elsewhere: what ``x - x`` (or ``x * 0``)
+        plus ``value`` gives, written so that TVM's simplifier, which folds ``x - x`` and
+        ``x * 0`` to 0 for floats too, keeps the NaNs."""
+        dtype = data.ty.dtype
+        finite = self.builder_.emit(relax.op.isfinite(data), name_hint="finite")
+        return relax.op.where(finite, relax.const(value, dtype), relax.const(float("nan"), dtype))
 
 
 @tvm.transform.module_pass(opt_level=0, name="UnitReduction")
