@@ -160,14 +160,15 @@ def test_over_budget_demotes_and_stays_correct() -> None:
 
 
 def test_a_row_over_budget_is_held_in_registers_and_read_once() -> None:
-    # 768 elements over 1024 threads: one register each; x is read at five places
+    # 768 elements over 1024 threads: one register each; x is read at several places (the
+    # shared memory counted includes the scratch of the LayerNorm's three row sums)
     model, inputs = patterns.ln_softmax_add(16, 768)
     scheduled, plan = lower_stitch(model, _small_target(4096))
     (group,) = plan.groups
-    assert group.demotions[0] == Demotion(DemotionKind.HELD_IN_REGISTERS, "x", used=16128,
+    assert group.demotions[0] == Demotion(DemotionKind.HELD_IN_REGISTERS, "x", used=16320,
                                           budget=4096)
     assert str(group.demotions[0]) == \
-        "input x held in registers (16128 B of shared memory > 4096 B)"
+        "input x held in registers (16320 B of shared memory > 4096 B)"
     x = next(b for b in group.buffers if b.name == "x")
     assert (x.level, x.note) == (StorageLevel.REGISTER, "1 element(s) of the row per thread")
     (kernel,) = analyze(scheduled).kernels
