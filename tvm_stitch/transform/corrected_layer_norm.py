@@ -25,7 +25,7 @@ from tvm.relax import BlockBuilder
 
 
 def corrected_layer_norm(data: te.Tensor, gamma: te.Tensor, beta: te.Tensor,
-                       axes: Sequence[int], epsilon: float) -> te.Tensor:
+                         axes: Sequence[int], epsilon: float) -> te.Tensor:
     """topi's float32 or float16 ``layer_norm`` of ``data`` over ``axes``, with the mean and
     variance corrected by the sum of the deviations from the rough mean."""
     ndim = len(data.shape)

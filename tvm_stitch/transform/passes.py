@@ -13,8 +13,8 @@ transposed input whose reduced axes trail),
 Float32Reductions (a float16 sum, mean or softmax accumulates in float32, where TVM's
 legalization accumulates in float16), the same passes as TVM's default CUDA legalization
 (LegalizeOps, with LayerNorm's corrected two-pass mean and variance, AnnotateTIROpPattern,
-FoldConstant), then StitchFuse in place of FuseOps +
-FuseTIR, then StitchSchedule in place of dlight's ApplyDefaultSchedule.
+FoldConstant), then StitchFuse in place of FuseOps + FuseTIR, then StitchSchedule in place of
+dlight's ApplyDefaultSchedule.
 """
 
 from __future__ import annotations
