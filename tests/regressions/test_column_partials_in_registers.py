@@ -21,6 +21,7 @@ from tvm_stitch.analysis import analyze
 from tvm_stitch.frontend.onnx import import_model
 from tvm_stitch.plan import BufferRole, StitchPlan, StorageLevel
 from tvm_stitch.testing.differential import check_model
+from tvm_stitch.testing.resources import check_resources
 from tvm_stitch.workloads import micro, models
 
 TOO_LARGE = "partial sums of the column reductions need"
@@ -67,8 +68,10 @@ def test_layernorm_backward_at_a_real_width_is_one_kernel_within_the_baseline() 
 
 
 @pytest.mark.parametrize("model", [micro.layernorm_backward((1024, 4608)),
+                                   micro.layernorm_backward((64, 8192)),
                                    _column_sums(512, 4608)],
-                         ids=["layernorm_backward", "three_column_sums"])
+                         ids=["layernorm_backward", "layernorm_backward_8192",
+                              "three_column_sums"])
 def test_partial_sums_in_registers_match_onnxruntime_within_the_resources(
         model: onnx.ModelProto) -> None:
     _, plan = _lower(model)
@@ -87,12 +90,31 @@ def test_partial_sums_within_a_quarter_of_the_budget_stay_in_shared_memory() -> 
 
 
 def test_partial_sums_too_many_for_registers_fall_back_with_the_reason() -> None:
-    # 16384 columns over 1024 threads: 3 x 16 sums per thread, over the 32-element budget
+    # 16384 columns over 1024 threads: 3 x 16 sums per thread, and the 16 elements of x
+    # that each thread reads for all three
     _, plan = _lower(_column_sums(1024, 16384))
     (fallback,) = plan.fallbacks
     assert fallback.reason.startswith(TOO_LARGE)
-    assert "in registers 48 per thread" in fallback.reason
+    assert "in registers 48 per thread, which with the 16 elements" in fallback.reason
     assert fallback.reason.endswith("needs tiles of columns")
+
+
+def test_layernorm_backward_at_width_8192_is_one_kernel_within_the_registers() -> None:
+    # Llama-2-70B's hidden width: 16 partial sums per thread (dgamma, dbeta) and dy, gamma
+    # and rstd read again per row. rstd is one element per row, kept in one register, and a
+    # partial sum is one register with no address: it fell back, its 8 + 8 + 8 cached
+    # elements and 16 sums counted at two registers each; ptxas: 64 registers, no spill.
+    model = micro.layernorm_backward((4096, 8192))
+    scheduled, plan = _lower(model)
+    assert not plan.fallbacks
+    assert [(b.level, b.registers) for b in _accumulators(plan)] == [
+        (StorageLevel.REGISTER, 8)] * 2
+    report = check_resources(scheduled)
+    assert not report.violations, report.violations
+    stitched = analyze(scheduled)
+    baseline = analyze(_lower(model, "baseline")[0])
+    assert len(stitched.kernels) == 1 < len(baseline.kernels)
+    assert stitched.dram_bytes < baseline.dram_bytes / 2
 
 
 @pytest.mark.slow

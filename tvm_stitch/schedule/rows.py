@@ -263,6 +263,17 @@ def reads_own_element(info: BlockRows, region: tvm.ir.TensorRegion, rows: int) -
     return ana.can_prove_equal(theirs, mine)
 
 
+def reads_one_per_row(info: BlockRows, region: tvm.ir.TensorRegion, rows: int) -> bool:
+    """Whether the access reads one element at a place that depends on no element of the
+    row (a row's mean or scale, ``rstd[i]`` in a block over ``(i, k)``, or a scalar): a
+    thread's steps along the row all read that element, which it keeps in one register."""
+    dims = list(region.region)
+    elements = [i.var for i in info.element_iters]
+    return access_rows(info, region, rows) is not RowAccess.OTHER \
+        and all(_bound(info).can_prove_equal(r.extent, 1) and not _has_load(r.min)
+                and not _uses_any(r.min, elements) for r in dims)
+
+
 def reads_own_position(info: BlockRows, region: tvm.ir.TensorRegion) -> bool:
     """Whether the access reads one element at the block's own position, both counted
     row-major over the whole buffer and the whole iteration space: ``x[r // 4, r % 4 * 600

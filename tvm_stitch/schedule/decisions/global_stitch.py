@@ -35,7 +35,7 @@ from ..blocks import (
     written_params,
 )
 from ..mapping import row_mapping, row_vector
-from ..occupancy import aligned_shared, cached_elements_cap, launch_config, launch_for_grid
+from ..occupancy import aligned_shared, cached_room, launch_config, launch_for_grid
 from ..phases import (
     BlockRole,
     Roles,
@@ -198,23 +198,24 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
         launch = launch_of(gpu, mapping.threads_per_block, shared)
     reread, per_row = register_cache(sch, func, dec, mapping, infos)
     sums = sum(in_registers.values())  # held for the whole tile, as the row walk's elements
-    cap = cached_elements_cap(launch)
-    if sums + per_row > cap:
+    room = cached_room(launch, sums)
+    if per_row > room:
         if sums:
             raise Unstitchable(f"partial sums of the column reductions need {needed} B of "
                                f"shared memory per block, more than a quarter of {budget} B, "
                                f"and in registers {sums} per thread, which with the "
-                               f"{per_row} elements of the inputs it re-reads per row are "
-                               f"more than {cap_text(launch)}: needs tiles of columns")
+                               f"{per_row} elements of the inputs it re-reads per row need "
+                               f"more than the {launch.max_registers} registers a thread of "
+                               f"{launch.threads} may use: needs tiles of columns")
         raise Unstitchable(f"each thread would keep {per_row} elements of the inputs it "
                            f"re-reads ({', '.join(reread)}) in registers per row, more than "
                            f"{cap_text(launch)}")
     # A tile walks its rows in a loop that nvcc unrolls when it is short and static, and then
     # holds every row's re-read elements; a run-time walk holds one row's.
-    if not symbolic and rows // tiles * per_row + sums > cap:
+    if not symbolic and rows // tiles * per_row > room:
         held = f"{', '.join(reread)}: {rows // tiles * per_row} elements"
         held += f", and {sums} partial sums" if sums else ""
-        capped = fewest_tiles(rows, (cap - sums) // per_row)
+        capped = fewest_tiles(rows, room // per_row)
         if capped <= launch.wave:
             dec.demotions.append(Demotion(
                 DemotionKind.FEWER_ROW_TILES, before=tiles, after=capped,

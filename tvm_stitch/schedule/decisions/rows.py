@@ -40,6 +40,7 @@ from ..rows import (
     error_summary,
     permuted_row,
     prefix_split,
+    reads_one_per_row,
     reads_own_element,
     row_elements,
     rows_sharing,
@@ -154,7 +155,9 @@ def register_cache(sch: s_tir.Schedule, func: tirx.PrimFunc, dec: Decisions,
     first read to the last (``occupancy.REGISTERS_PER_CACHED_ELEMENT``), unless the loop has
     more steps than nvcc unrolls (``occupancy.FULL_UNROLL_STEPS``). An input that a row
     block (``infos``) reads out of the row's order (through a transpose) counts twice: each
-    of its elements also keeps an address of its own (fuzz case g1337 spilled at the cap)."""
+    of its elements also keeps an address of its own (fuzz case g1337 spilled at the cap).
+    An input every reader reads one element of per row (a LayerNorm backward's ``rstd``)
+    counts once: every step reads that element."""
     on_chip = {s.name for s in dec.staged} | {b.name for b in dec.block_shared}
     written = {p.name for p in written_params(func, sch)}
     # a gather's read is of one element at a place known at run time only: nothing for a
@@ -169,8 +172,21 @@ def register_cache(sch: s_tir.Schedule, func: tirx.PrimFunc, dec: Decisions,
         return [p.name for p in reread], 0
     per_thread = steps * vector
     doubled = {p.name for p in reread if _read_out_of_order(sch, p, infos, mapping.rows)}
-    return ([p.name + (" read out of order, counted twice" if p.name in doubled else "")
-             for p in reread], per_thread * (len(reread) + len(doubled)))
+    single = {p.name for p in reread if _read_once_per_row(sch, p, infos, mapping.rows)}
+    return ([p.name + (" read out of order, counted twice" if p.name in doubled else
+                       ", one element per row" if p.name in single else "")
+             for p in reread],
+            per_thread * (len(reread) - len(single) + len(doubled)) + len(single))
+
+
+def _read_once_per_row(sch: s_tir.Schedule, param: tirx.Buffer, infos: dict[str, BlockRows],
+                       rows: int) -> bool:
+    """Whether every reader of ``param`` is a row block (``infos``) reading one element of
+    it per row (``rows.reads_one_per_row``)."""
+    regions = [(infos.get(name_of(sch, block)), region) for block in readers(sch, param)
+               for region in sch.get(block).reads if region.source.same_as(param)]
+    return bool(regions) and all(info is not None and reads_one_per_row(info, region, rows)
+                                 for info, region in regions)
 
 
 def _read_out_of_order(sch: s_tir.Schedule, param: tirx.Buffer, infos: dict[str, BlockRows],
