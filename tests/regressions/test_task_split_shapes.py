@@ -90,3 +90,25 @@ def test_a_combination_read_by_two_blocks_runs_as_float16_on_the_simt_runner() -
                    "b": np.linspace(-0.5, 0.5, 2048, dtype=np.float16)},
                   elem_type=TensorProto.FLOAT16)
     _split_and_right(built)
+
+
+def _transposed_beside_a_layer_norm(shape: list[int]):
+    nodes = [helper.make_node("Abs", ["x"], ["a"]), helper.make_node("Add", ["a", "half"], ["b"]),
+             helper.make_node("Log", ["b"], ["l"]),
+             helper.make_node("Transpose", ["b"], ["t"], perm=[1, 0]),
+             helper.make_node("LayerNormalization", ["a", "g"], ["n"], axis=0)]
+    return model(nodes, {"x": shape}, {"l": shape, "t": shape[::-1], "n": shape},
+                 {"half": np.array(0.5, dtype=np.float32),
+                  "g": np.linspace(0.5, 1.5, shape[0] * shape[1], dtype=np.float32)
+                  .reshape(shape)})
+
+
+def test_a_transpose_inside_a_split_row_recomputes_what_it_reads_across_sub_rows() -> None:
+    # Fuzz graph 8111:151 (shrunk): Transpose(Abs(x) + 0.5) beside a LayerNorm over all of x
+    # (one row of 2048, split over 2 blocks). Abs(x) + 0.5 was kept in each block's shared
+    # memory, and the transpose, whose sub-row of the output takes a column of every sub-row
+    # of x, read the other block's part of it from its own (max error 3.9, stitch only). It
+    # is recomputed from x in global memory, or the row is not split.
+    outcome = check_model(_transposed_beside_a_layer_norm([16, 128]), "stitch")
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+    _split_and_right(_transposed_beside_a_layer_norm([64, 512]))

@@ -125,8 +125,7 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
     sch = combine_per_reader(sch, func)
     roles = assign_roles(sch, rows)
     infos = _row_infos(sch, rows, roles)
-    if split == 1:
-        check_alignment(sch, infos, rows, among_rows=True)
+    check_alignment(sch, infos, rows, among_rows=True, writes=split == 1)
     columns = {name: column_view(sch, sch.get_sblock(name)) for name in roles.columns}
     decide_staging(sch, func, {**infos, **columns}, rows, dec, roles.levels)
     choices = group.choices

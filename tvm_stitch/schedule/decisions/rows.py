@@ -215,13 +215,15 @@ def _splits_at_rows(param: tirx.Buffer, rows: int) -> bool:
 
 
 def check_alignment(sch: s_tir.Schedule, infos: dict[str, BlockRows], rows: int,
-                    among_rows: bool = False, permuted: tuple[str, ...] = ()) -> None:
+                    among_rows: bool = False, permuted: tuple[str, ...] = (),
+                    writes: bool = True) -> None:
     """Every write, and every read of a buffer the kernel produces, must stay in the row;
     with ``among_rows`` (a Global group), only reads of what the row blocks of ``infos``
     produce: the results of column phases and of combinations are read across rows by
     design. The outputs ``permuted`` may be written a whole row elsewhere
     (``row_permutation``), and are then read by no block. Only the blocks of ``infos`` are
-    checked."""
+    checked, and only their reads without ``writes`` (sub-rows of a split row, which write
+    their row's elements by design)."""
     blocks = child_blocks(sch)
     produced = {w.source.name for b in blocks
                 if not among_rows or name_of(sch, b) in infos for w in sch.get(b).writes}
@@ -230,7 +232,7 @@ def check_alignment(sch: s_tir.Schedule, infos: dict[str, BlockRows], rows: int,
         if info is None:  # not a row block (a column reduction of a Global group)
             continue
         stmt = sch.get(block)
-        for region in stmt.writes:
+        for region in stmt.writes if writes else ():
             if region.source.name in permuted and permuted_row(info, region, rows):
                 continue
             if access_rows(info, region, rows) is not RowAccess.ALIGNED:
@@ -266,7 +268,8 @@ def decide_inlining(sch: s_tir.Schedule, func: tirx.PrimFunc, infos: dict[str, B
         sites = sum(load_count(sch, u, buffer) for u in users)
         gathered = len(readers(sch, buffer, exclude=block, affine=True)) < len(users)
         if gathered or not info.element_iters or (len(users) == 1 and sites == 1) or not sites \
-                or _widened_input(sch, func, block):
+                or _widened_input(sch, func, block) \
+                or _read_across_rows(sch, infos, users, buffer, rows):
             try:
                 inline(sch, block)
                 dec.inlined.append(name)
@@ -278,6 +281,16 @@ def decide_inlining(sch: s_tir.Schedule, func: tirx.PrimFunc, infos: dict[str, B
         note = f"read by {len(users)} block(s) at {sites} place(s)"
         dec.regional.append(Staging(buffer.name, BufferRole.INTERMEDIATE,
                                     row_elements(buffer, rows) * bytes_of(buffer), note, name))
+
+
+def _read_across_rows(sch: s_tir.Schedule, infos: dict[str, BlockRows], users: list,
+                      buffer: tirx.Buffer, rows: int) -> bool:
+    """Whether a row block (``infos``) reads ``buffer`` from other rows than its own: a
+    transpose of a split row's elements reads them from the other blocks' sub-rows (fuzz
+    graph 8111:151), which only a recomputation from global memory gives it."""
+    return any(access_rows(infos[name_of(sch, u)], r, rows) is not RowAccess.ALIGNED
+               for u in users if name_of(sch, u) in infos
+               for r in sch.get(u).reads if r.source.same_as(buffer))
 
 
 def _widened_input(sch: s_tir.Schedule, func: tirx.PrimFunc, block: s_tir.SBlockRV) -> bool:
