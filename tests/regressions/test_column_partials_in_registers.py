@@ -170,3 +170,22 @@ def test_a_reduction_over_one_value_per_row_keeps_its_partial_sum_in_shared_memo
     levels = {b.name: b.level for b in group.buffers if b.role is BufferRole.ACCUMULATOR}
     assert levels["T_softmax_maxelem"] is StorageLevel.REGISTER
     assert levels["x_sum"] is StorageLevel.SHARED
+
+
+def test_column_sums_that_fit_nowhere_fall_back_alone_and_the_rows_stitch() -> None:
+    # At width 10240 dgamma and dbeta's 20 partial sums per thread do not fit beside what a
+    # thread of the row phase keeps; the whole LayerNorm backward fell back to TVM's 7
+    # kernels. The column sums now fall back alone, and the row ops (dx) stitch: 3 kernels.
+    model = micro.layernorm_backward((1024, 10240))
+    scheduled, plan = _lower(model)
+    (fallback,) = plan.fallbacks
+    assert sorted(op.split(":")[1] for op in fallback.ops) == ["sum1", "sum1"]
+    assert fallback.reason.startswith(TOO_LARGE)
+    (group,) = plan.groups
+    assert not group.phases  # the rows alone: no column phase
+    stitched = analyze(scheduled)
+    baseline = analyze(_lower(model, "baseline")[0])
+    assert len(stitched.kernels) == 3 < len(baseline.kernels) == 7
+    assert stitched.dram_bytes < baseline.dram_bytes
+    outcome = check_model(micro.layernorm_backward((64, 10240)), "stitch")
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)

@@ -26,6 +26,7 @@ from tvm.ir import IRModule
 from tvm.target import Target
 
 from ..analysis.report import global_bytes
+from ..graph.grouping import OpGroup
 from ..graph.operands import Limits
 from ..graph.ops import OPAQUE
 from ..graph.planner import Draft, draft_plan
@@ -215,8 +216,25 @@ def _decide_all(fused: IRModule, draft: Draft, names: dict[int | str, str],
             else:
                 failures.append((entry.ops, worse))
         except Unstitchable as err:
-            failures.append((entry.ops, str(err)))
+            failures.append((_given_back(og, entry.ops, yardstick), str(err)))
     return groups, failures
+
+
+def _given_back(og: OpGroup, ops: tuple[str, ...], yardstick: Yardstick | None
+                ) -> tuple[str, ...]:
+    """The ops of a group that cannot be stitched that fall back: its members in column
+    space alone when it has others (a LayerNorm backward's dgamma and dbeta, at a width
+    whose partial sums fit nowhere on chip), whose row ops are grouped again without them
+    and may stitch on their own, if TVM's fusion runs the group's ops in more kernels than
+    that would at most (one stitched kernel, and one of TVM's per column-space op); else
+    all of ``ops``."""
+    columns = {n.label for n in og.nodes if n.index in og.columns}
+    if not columns or len(columns) == len(ops) or yardstick is None:
+        return ops
+    tvm_kernels = yardstick.kernels(frozenset(n.var for n in og.nodes))
+    if tvm_kernels is None or tvm_kernels <= 1 + len(columns):
+        return ops
+    return tuple(op for op in ops if op in columns)
 
 
 def _fallbacks(draft: Draft, failed: list[Fallback]) -> list[Fallback]:

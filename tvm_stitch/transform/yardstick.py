@@ -56,6 +56,14 @@ class Yardstick:
         return (f"the stitched kernel moves {stitched} B of global memory{at}, TVM's fusion of "
                 f"the same ops {sum(moved)} B in {len(covering)} kernel(s)")
 
+    def kernels(self, members: frozenset[relax.Var]) -> int | None:
+        """How many kernels TVM's fusion runs the ops ``members`` in; None when it fuses
+        some of them with other ops."""
+        covering = [g for g in self._fusion.groups if g.members & members]
+        if not covering or any(not g.members <= members for g in covering):
+            return None
+        return len(covering)
+
     def _kernel_bytes(self, function: str, sizes: dict[str, int] | None) -> int | None:
         key = (function, tuple(sorted((sizes or {}).items())))
         if key not in self._bytes:
