@@ -155,7 +155,8 @@ def register_cache(sch: s_tir.Schedule, func: tirx.PrimFunc, dec: Decisions,
     first read to the last (``occupancy.REGISTERS_PER_CACHED_ELEMENT``), unless the loop has
     more steps than nvcc unrolls (``occupancy.FULL_UNROLL_STEPS``). An input that a row
     block (``infos``) reads out of the row's order (through a transpose) counts twice: each
-    of its elements also keeps an address of its own (fuzz case g1337 spilled at the cap).
+    of its elements also keeps an address of its own (fuzz case g1337 spilled at the cap),
+    and so does one read through a broadcast of fewer elements than the row.
     An input every reader reads one element of per row (a LayerNorm backward's ``rstd``)
     counts once: every step reads that element."""
     on_chip = {s.name for s in dec.staged} | {b.name for b in dec.block_shared}
@@ -171,12 +172,26 @@ def register_cache(sch: s_tir.Schedule, func: tirx.PrimFunc, dec: Decisions,
     if steps > FULL_UNROLL_STEPS:  # a rolled loop: nothing is held from one loop to the next
         return [p.name for p in reread], 0
     per_thread = steps * vector
-    doubled = {p.name for p in reread if _read_out_of_order(sch, p, infos, mapping.rows)}
+    doubled = {p.name for p in reread if _read_out_of_order(sch, p, infos, mapping.rows)
+               or _read_wrapped(sch, p, infos, mapping.rows)}
     single = {p.name for p in reread if _read_once_per_row(sch, p, infos, mapping.rows)}
-    return ([p.name + (" read out of order, counted twice" if p.name in doubled else
+    return ([p.name + (" read out of order or wrapped, counted twice" if p.name in doubled else
                        ", one element per row" if p.name in single else "")
              for p in reread],
             per_thread * (len(reread) - len(single) + len(doubled)) + len(single))
+
+
+def _read_wrapped(sch: s_tir.Schedule, param: tirx.Buffer, infos: dict[str, BlockRows],
+                  rows: int) -> bool:
+    """Whether a row block reads ``param`` through a broadcast of fewer elements (but more
+    than one) than its row: a thread's places in the input wrap around it, each address
+    computed on its own (a LayerNorm over (16, 7, 256) of a (7, 256) input Expanded: 28
+    elements held per thread at a cap of 32 spilled 20 B, fuzz graph 8111:725)."""
+    return any(1 < row_elements(param, rows) < info.elements
+               and access_rows(info, region, rows) is RowAccess.ALIGNED
+               for block in readers(sch, param)
+               if (info := infos.get(name_of(sch, block))) is not None
+               for region in sch.get(block).reads if region.source.same_as(param))
 
 
 def _read_once_per_row(sch: s_tir.Schedule, param: tirx.Buffer, infos: dict[str, BlockRows],
