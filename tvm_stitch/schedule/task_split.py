@@ -65,7 +65,11 @@ def split_output_copies(sch: s_tir.Schedule, outputs: list[str], rows: int,
                         parts: int) -> None:
     """Lay out as sub-rows the on-chip copies of the split group's ``outputs`` that blocks
     inside read (``blocks.cache_reused_outputs`` after ``split_rows``): the copy written by
-    the output's producer, and the block writing it out, which iterates the output's shape."""
+    the output's producer, and the block writing it out, which iterates the output's shape.
+    The producer's stores are simplified with its domain (the composed layouts store a
+    sub-row's element at ``(v0 * 3136 + v1) // 301056 * 96 + (v1 // 3136 + v0) % 96``, which
+    is ``v0``): a producer read after a grid barrier is recomputed there, and only a block
+    storing at its own iterators can be (fuzz graph 8111:467 was not split)."""
     for name in outputs:
         (copy_out,) = [b for b in child_blocks(sch)
                        if any(w.source.name == name for w in sch.get(b).writes)]
@@ -78,6 +82,9 @@ def split_output_copies(sch: s_tir.Schedule, outputs: list[str], rows: int,
             raise Unstitchable(f"output {name}: rows of {length} elements do not split into "
                                f"{parts} parts")
         _split_writes(sch, producer, set(), rows, parts, length // parts)
+        old = sch.get(producer)
+        new = simplified_block(old, lambda _, buffer: False)
+        sch.state.replace(sch.get_sref(producer), new, {old: new})
         _as_sub_rows(sch, copy_out, shape, rows, parts)
 
 
