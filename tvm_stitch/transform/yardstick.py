@@ -42,8 +42,8 @@ class Yardstick:
         TVM fuses some of them with other ops). ``sizes`` are the sizes the stitched kernel
         was counted at when its shapes are symbolic (``yardstick_sizes``); TVM's kernels are
         counted at the same."""
-        covering = [g for g in self._fusion.groups if g.members & members]
-        if not covering or any(not g.members <= members for g in covering):
+        covering = self._covering(members)
+        if covering is None:
             return None
         least = [g.compulsory_bytes for g in covering]
         if None not in least and stitched <= sum(least):
@@ -59,10 +59,15 @@ class Yardstick:
     def kernels(self, members: frozenset[relax.Var]) -> int | None:
         """How many kernels TVM's fusion runs the ops ``members`` in; None when it fuses
         some of them with other ops."""
+        covering = self._covering(members)
+        return None if covering is None else len(covering)
+
+    def _covering(self, members: frozenset[relax.Var]) -> list | None:
+        """TVM's fusion groups of the ops ``members``; None when one also has other ops."""
         covering = [g for g in self._fusion.groups if g.members & members]
         if not covering or any(not g.members <= members for g in covering):
             return None
-        return len(covering)
+        return covering
 
     def _kernel_bytes(self, function: str, sizes: dict[str, int] | None) -> int | None:
         key = (function, tuple(sorted((sizes or {}).items())))

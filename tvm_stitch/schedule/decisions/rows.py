@@ -181,42 +181,40 @@ def register_cache(sch: s_tir.Schedule, func: tirx.PrimFunc, dec: Decisions,
             per_thread * (len(reread) - len(single) + len(doubled)) + len(single))
 
 
+def _reads_of(sch: s_tir.Schedule, param: tirx.Buffer, infos: dict[str, BlockRows]
+              ) -> list[tuple[BlockRows | None, tvm.ir.TensorRegion]]:
+    """Every read region of ``param``, with its reader's rows (None for a block that is not
+    among ``infos``)."""
+    return [(infos.get(name_of(sch, block)), region) for block in readers(sch, param)
+            for region in sch.get(block).reads if region.source.same_as(param)]
+
+
 def _read_wrapped(sch: s_tir.Schedule, param: tirx.Buffer, infos: dict[str, BlockRows],
                   rows: int) -> bool:
     """Whether a row block reads ``param`` through a broadcast of fewer elements (but more
     than one) than its row: a thread's places in the input wrap around it, each address
     computed on its own (a LayerNorm over (16, 7, 256) of a (7, 256) input Expanded: 28
     elements held per thread at a cap of 32 spilled 20 B, fuzz graph 8111:725)."""
-    return any(1 < row_elements(param, rows) < info.elements
+    return any(info is not None and 1 < row_elements(param, rows) < info.elements
                and access_rows(info, region, rows) is RowAccess.ALIGNED
-               for block in readers(sch, param)
-               if (info := infos.get(name_of(sch, block))) is not None
-               for region in sch.get(block).reads if region.source.same_as(param))
+               for info, region in _reads_of(sch, param, infos))
 
 
 def _read_once_per_row(sch: s_tir.Schedule, param: tirx.Buffer, infos: dict[str, BlockRows],
                        rows: int) -> bool:
     """Whether every reader of ``param`` is a row block (``infos``) reading one element of
     it per row (``rows.reads_one_per_row``)."""
-    regions = [(infos.get(name_of(sch, block)), region) for block in readers(sch, param)
-               for region in sch.get(block).reads if region.source.same_as(param)]
+    regions = _reads_of(sch, param, infos)
     return bool(regions) and all(info is not None and reads_one_per_row(info, region, rows)
                                  for info, region in regions)
 
 
 def _read_out_of_order(sch: s_tir.Schedule, param: tirx.Buffer, infos: dict[str, BlockRows],
                        rows: int) -> bool:
-    for block in readers(sch, param):
-        info = infos.get(name_of(sch, block))
-        if info is None:
-            continue
-        for region in sch.get(block).reads:
-            if region.source.same_as(param) \
-                    and access_rows(info, region, rows) is RowAccess.ALIGNED \
-                    and row_elements(param, rows) == info.elements \
-                    and not reads_own_element(info, region, rows):
-                return True
-    return False
+    return any(info is not None and access_rows(info, region, rows) is RowAccess.ALIGNED
+               and row_elements(param, rows) == info.elements
+               and not reads_own_element(info, region, rows)
+               for info, region in _reads_of(sch, param, infos))
 
 
 def _splits_at_rows(param: tirx.Buffer, rows: int) -> bool:
