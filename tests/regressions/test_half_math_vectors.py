@@ -75,3 +75,27 @@ def test_chosen_vectors_of_eight_are_refused() -> None:
         .mapping.vector == 4
     with pytest.raises(Unstitchable, match="at most 4 elements per access"):
         decide(task.func, task.group, task.rows, None, Choices(vector=8))
+
+
+def test_a_row_beside_half_math_holds_no_input_in_registers() -> None:
+    # fuzz graph 8111:1241 (shrunk), as one block (its split row taken apart): softmaxes of
+    # tanh(x) and of exp(tanh(x)) over one row of 30000 halves. x was held in registers, 30
+    # per thread, and nvcc left the walks over the copy rolled beside the half math: a 112 B
+    # stack frame on sm_80 and sm_90. x is read from global memory instead.
+    from pathlib import Path
+
+    import onnx
+
+    from tvm_stitch.analysis.ptxas import ptxas_resources
+    from tvm_stitch.plan import StorageLevel
+
+    built = onnx.load(Path(__file__).parent / "cases" / "stitch-s8111-g1241.onnx")
+    (task,) = [t for t in extract_tasks(import_model(built), "cuda:sm_90")
+               if t.rows is not None]
+    done = decide(task.func, task.group, task.rows, task.target, Choices(split_parts=1))
+    assert done.group.row_split == 1
+    levels = {b.name: b.level for b in done.group.buffers}
+    assert levels["in0"] is StorageLevel.GLOBAL
+    for arch in ("sm_80", "sm_90"):
+        (used,) = ptxas_resources(done.lowered.source(), arch).values()
+        assert used.stack_bytes == used.spill_store_bytes == 0, (arch, used)

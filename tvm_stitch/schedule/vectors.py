@@ -131,6 +131,17 @@ def spatial_block(block: s_tir.stmt.SBlock) -> bool:
     return all(int(iv.iter_type) == tirx.IterVar.DataPar for iv in block.iter_vars)
 
 
+HALF_MATH_CALLS = 2
+"""Transcendental calls on float16 values (``half_math_calls``) from which a row group takes
+at most ``decisions.flat.HELD_LANES`` halves per access, and holds no input in registers: a
+LayerNorm over rows of 4112 halves on 1024 threads (64 registers), its input's ``hlog`` and
+sigmoid (``hexp``, a division) as two more outputs, spilled 40 B on sm_80 in vectors of 8
+and took 40 registers in vectors of 4; either call alone did not spill (fuzz graph
+5150:1007). nvcc leaves the walks over a held copy rolled when their bodies compute such
+calls, and the copy then goes to a stack frame (a softmax of ``exp(tanh(x))`` over a row of
+30000 halves in one block, 30 held per thread: 112 B, fuzz graph 8111:1241)."""
+
+
 def half_math_calls(sch: s_tir.Schedule, blocks: list[SBlockRV]) -> int:
     """Calls of transcendental functions (``graph.ops.EXPENSIVE_CALLS``) on float16 values
     in the spatial blocks among ``blocks``: CUDA computes each lane of ``hexp``, ``hlog`` and

@@ -8,9 +8,10 @@ from dataclasses import replace
 from tvm import s_tir
 
 from ...plan import Buffer, BufferRole, Demotion, DemotionKind, StorageLevel, ThreadMapping
-from ..blocks import inline
+from ..blocks import child_blocks, inline
 from ..mapping import with_rows_per_block
 from ..rows import Unstitchable
+from ..vectors import HALF_MATH_CALLS, half_math_calls
 from .state import Decisions, Staging, bytes_of, shared_bytes_of
 
 
@@ -78,9 +79,10 @@ def hold(sch: s_tir.Schedule, dec: Decisions, staging: Staging, mapping: ThreadM
     ``REGISTER_ROW_ELEMENTS`` of them with the ``taken`` it already keeps (never for a row
     of symbolic length: a loop of run-time extent holds nothing); whether it is held. A
     column reduction's 30 partial sums per thread and a held input of 30 more spilled (fuzz
-    graph 1207:27)."""
+    graph 1207:27). Nor beside ``vectors.HALF_MATH_CALLS`` transcendentals on float16."""
     slots = _register_slots(staging, mapping, sch)
-    if not staging.own or slots + taken > REGISTER_ROW_ELEMENTS or mapping.length_expr:
+    if not staging.own or slots + taken > REGISTER_ROW_ELEMENTS or mapping.length_expr \
+            or half_math_calls(sch, child_blocks(sch)) >= HALF_MATH_CALLS:
         return False
     dec.held.append(replace(staging, note=f"{slots} element(s) of the row per thread"))
     return True

@@ -45,7 +45,7 @@ from ..rows import (
     row_elements,
     rows_sharing,
 )
-from ..vectors import half_math_calls
+from ..vectors import HALF_MATH_CALLS, half_math_calls
 from .budget import fit_budget
 from .chosen import (
     ROW_CHOICES,
@@ -70,13 +70,6 @@ from .state import (
     widest_element,
     writes_param,
 )
-
-HALF_MATH_CALLS = 2
-"""Transcendental calls on float16 values (``vectors.half_math_calls``) from which a row
-group takes at most ``HELD_LANES`` halves per access: a LayerNorm over rows of 4112 halves
-on 1024 threads (64 registers), its input's ``hlog`` and sigmoid (``hexp``, a division) as
-two more outputs, spilled 40 B on sm_80 in vectors of 8 and took 40 registers in vectors of
-4; either call alone did not spill (fuzz graph 5150:1007)."""
 
 
 def decide_rows(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: int,
