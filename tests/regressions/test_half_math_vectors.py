@@ -1,5 +1,5 @@
 """A row group that computes several transcendental functions on float16 values takes four
-halves per access, not eight (``decisions.rows.HALF_MATH_CALLS``): CUDA computes each lane
+halves per access, not eight (``vectors.HALF_MATH_CALLS``): CUDA computes each lane
 of ``hexp`` or ``hlog`` through float32 in several instructions, and the eight lanes of a
 vector, interleaved, spilled. Owner: schedule/decisions/rows.py."""
 
