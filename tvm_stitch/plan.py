@@ -92,6 +92,7 @@ class DemotionKind(StrEnum):
     PARTIAL_SUMS_IN_REGISTERS = "partial sums in registers"
     FEWER_ROW_TILES = "fewer row tiles"  # so that a thread's re-read inputs fit registers
     ROW_TILES_KEPT = "row tiles kept"  # fewer would not fit one wave
+    ROLLED_REREADS = "rolled re-reads"  # re-read inputs read again in rolled loops
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,10 @@ _DEMOTION_TEXT = {
         "shared memory > a quarter of {budget} B)",
     DemotionKind.FEWER_ROW_TILES: "row tiles {before} -> {after}: {detail}",
     DemotionKind.ROW_TILES_KEPT: "row tiles stay {before}: {detail}",
+    DemotionKind.ROLLED_REREADS:
+        "inputs {subject} read again from global memory (L2) in each loop over a thread's "
+        "elements, the loops rolled: {before} elements kept in registers per thread -> "
+        "{after} ({detail})",
 }
 
 
@@ -294,6 +299,26 @@ class Dominant:
 
 
 @dataclass(frozen=True)
+class Unrolled:
+    """A block whose loop over a thread's row elements nvcc unrolls in runs of ``steps``
+    steps of ``lanes`` elements, and no more (each run's loads issued before its first use):
+    it streams ``elements`` elements of inputs from global memory a step, and a fully
+    unrolled loop would have more of them in flight than the thread's registers leave, or
+    keep re-read inputs in registers that do not fit them (``schedule.decisions.unrolling``).
+    A block the plan keeps scalar (``Group.scalar_blocks``) unrolls runs of as many
+    elements, ``steps * lanes`` steps of one."""
+
+    block: str
+    steps: int
+    lanes: int
+    elements: int
+
+    def __str__(self) -> str:
+        return (f"{self.block}: runs of {self.steps} step(s) of {self.lanes} unrolled, "
+                f"{self.elements} element(s) of streamed inputs in flight a step")
+
+
+@dataclass(frozen=True)
 class Buffer:
     """A buffer of a stitched kernel: where it lives, its shared bytes per block, and why.
 
@@ -415,7 +440,8 @@ class Group:
     first body stages and recomputing its Regional intermediates. ``online`` names the
     maximum blocks that also sum the exponentials of their row in the same pass (an online
     softmax, ``transform.online_softmax``): the blocks of those sums are gone from the
-    kernel, and the row is read once for both.
+    kernel, and the row is read once for both. ``unrolled`` bounds how far nvcc unrolls
+    the element loops of blocks that stream many loads.
     """
 
     id: int
@@ -442,6 +468,7 @@ class Group:
     vector_reads: tuple[str, ...] = ()
     lane_blocks: tuple[str, ...] = ()
     online: tuple[str, ...] = ()
+    unrolled: tuple[Unrolled, ...] = ()
     choices: Choices = field(default_factory=Choices)
     source: ChoiceSource = ChoiceSource.HEURISTIC
     beyond_bound: Group | None = None
@@ -597,6 +624,7 @@ def format_plan(plan: StitchPlan) -> str:
         if g.lane_blocks:
             lines.append(f"  lanes computed one by one, moved in vectors: "
                          f"{', '.join(g.lane_blocks)}")
+        lines.extend(f"  unrolled {u}" for u in g.unrolled)
         if g.source is not ChoiceSource.HEURISTIC:
             lines.append(f"  chosen by the {g.source.value}: {g.choices}")
         if g.launch is not None:
@@ -673,5 +701,5 @@ _NESTED.update({
     cls.__name__: cls
     for cls in (Scheme, MappingKind, ChoiceSource, Choices, StorageLevel, BufferRole,
                 PhaseKind, DominantKind, DemotionKind, Demotion, ThreadMapping, Edge,
-                Dominant, Buffer, Launch, Phase, Group, Fallback, ComputeOp, Refusal)
+                Dominant, Unrolled, Buffer, Launch, Phase, Group, Fallback, ComputeOp, Refusal)
 })

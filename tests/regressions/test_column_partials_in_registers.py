@@ -19,7 +19,7 @@ import pytest
 from tvm_stitch import pipeline
 from tvm_stitch.analysis import analyze
 from tvm_stitch.frontend.onnx import import_model
-from tvm_stitch.plan import BufferRole, StitchPlan, StorageLevel
+from tvm_stitch.plan import BufferRole, DemotionKind, StitchPlan, StorageLevel
 from tvm_stitch.testing.differential import check_model
 from tvm_stitch.testing.resources import check_resources
 from tvm_stitch.workloads import micro, models
@@ -90,13 +90,32 @@ def test_partial_sums_within_a_quarter_of_the_budget_stay_in_shared_memory() -> 
 
 
 def test_partial_sums_too_many_for_registers_fall_back_with_the_reason() -> None:
-    # 16384 columns over 1024 threads: 3 x 16 sums per thread, and the 16 elements of x
-    # that each thread reads for all three
-    _, plan = _lower(_column_sums(1024, 16384))
+    # 32768 columns over 1024 threads: 3 x 32 sums per thread, more than the 64 registers
+    _, plan = _lower(_column_sums(256, 32768))
     (fallback,) = plan.fallbacks
     assert fallback.reason.startswith(TOO_LARGE)
-    assert "in registers 48 per thread, which with the 16 elements" in fallback.reason
+    assert "in registers 96 per thread, which with the 0 elements" in fallback.reason
     assert fallback.reason.endswith("needs tiles of columns")
+
+
+def test_partial_sums_beside_rolled_rereads_are_one_kernel() -> None:
+    # 16384 columns over 1024 threads: 3 x 16 sums per thread, and the 16 elements of x that
+    # each thread reads for all three, kept in registers, did not fit beside them: it fell
+    # back to TVM's 3 kernels. The loops that read x now run rolled and read it again (L2).
+    model = _column_sums(1024, 16384)
+    scheduled, plan = _lower(model)
+    assert not plan.fallbacks
+    (group,) = plan.groups
+    assert [(d.kind, d.subject, d.after) for d in group.demotions
+            if d.kind is DemotionKind.ROLLED_REREADS] == [(DemotionKind.ROLLED_REREADS, "x", 0)]
+    assert {b.registers for b in _accumulators(plan)} == {16}
+    assert not check_resources(scheduled).violations
+    tvm_fusion = _lower(model, "baseline")[0]
+    assert len(analyze(scheduled).kernels) == 1 < len(analyze(tvm_fusion).kernels) == 3
+    # x read three times (each but the first from L2), as TVM's three kernels read it: the
+    # yardstick of a Global group (its partial sums are scratch by design)
+    (kernel,) = analyze(scheduled).kernels
+    assert kernel.traffic.buffers["x"].read_bytes == 3 * 1024 * 16384 * 4
 
 
 def test_layernorm_backward_at_width_8192_is_one_kernel_within_the_registers() -> None:
@@ -173,10 +192,11 @@ def test_a_reduction_over_one_value_per_row_keeps_its_partial_sum_in_shared_memo
 
 
 def test_column_sums_that_fit_nowhere_fall_back_alone_and_the_rows_stitch() -> None:
-    # At width 10240 dgamma and dbeta's 20 partial sums per thread do not fit beside what a
-    # thread of the row phase keeps; the whole LayerNorm backward fell back to TVM's 7
-    # kernels. The column sums now fall back alone, and the row ops (dx) stitch: 3 kernels.
-    model = micro.layernorm_backward((1024, 10240))
+    # At width 32768 dgamma and dbeta's 64 partial sums per thread do not fit its registers,
+    # even with every input re-read in rolled loops; the whole LayerNorm backward fell back
+    # to TVM's 7 kernels. The column sums now fall back alone, and the row ops (dx) stitch:
+    # 3 kernels.
+    model = micro.layernorm_backward((512, 32768))
     scheduled, plan = _lower(model)
     (fallback,) = plan.fallbacks
     assert sorted(op.split(":")[1] for op in fallback.ops) == ["sum1", "sum1"]
@@ -187,5 +207,27 @@ def test_column_sums_that_fit_nowhere_fall_back_alone_and_the_rows_stitch() -> N
     baseline = analyze(_lower(model, "baseline")[0])
     assert len(stitched.kernels) == 3 < len(baseline.kernels) == 7
     assert stitched.dram_bytes < baseline.dram_bytes
-    outcome = check_model(micro.layernorm_backward((64, 10240)), "stitch")
+    assert not check_resources(scheduled).violations
+    outcome = check_model(micro.layernorm_backward((64, 32768)), "stitch")
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+
+
+@pytest.mark.parametrize("width", [10240, 12288, 16384])
+def test_layernorm_backward_at_llm_widths_is_one_kernel_with_rolled_rereads(width: int) -> None:
+    # dx's re-read inputs (dy, gamma, x) kept in registers did not fit beside dgamma and
+    # dbeta's partial sums: 10240 gave its column sums back to TVM (3 kernels), 12288 and
+    # 16384 (GPT-3, Llama-3-405B) fell back whole to TVM's 7. The loops that read them now
+    # run rolled and read them again from L2: one kernel, and no spill.
+    model = micro.layernorm_backward((1024, width))
+    scheduled, plan = _lower(model)
+    assert not plan.fallbacks
+    (group,) = plan.groups
+    assert any(d.kind is DemotionKind.ROLLED_REREADS for d in group.demotions)
+    assert group.unrolled
+    assert not check_resources(scheduled).violations
+    stitched = analyze(scheduled)
+    baseline = analyze(_lower(model, "baseline")[0])
+    assert len(stitched.kernels) == 1 < len(baseline.kernels) == 7
+    assert stitched.dram_bytes < baseline.dram_bytes
+    outcome = check_model(micro.layernorm_backward((64, width)), "stitch")
     assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)

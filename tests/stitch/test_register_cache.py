@@ -137,7 +137,9 @@ def test_persistent_grid_takes_fewer_longer_tiles_for_its_registers() -> None:
 def test_row_group_over_the_cap_falls_back_with_the_reason() -> None:
     # fuzz case g173's shape: layer norm over rows of 32768 written out and read again (Abs),
     # so the input, scale and bias are each read by two loops: 3 x 32 elements per thread of
-    # a 1024-thread block, over its cap of 32
+    # a 1024-thread block, over its cap of 32. Rolled loops that read them again would keep
+    # none in registers, but their re-reads count more bytes than TVM's two kernels move: it
+    # falls back, the yardstick's counts in the reason.
     rows, length = 132, 32768
     scale = numpy_helper.from_array(np.ones(length, np.float32), "scale")
     bias = numpy_helper.from_array(np.zeros(length, np.float32), "bias")
@@ -147,7 +149,7 @@ def test_row_group_over_the_cap_falls_back_with_the_reason() -> None:
                    [rows, length], ["n", "a"], (scale, bias))
     _, plan = lower_stitch(model)
     reasons = [f.reason for f in plan.fallbacks]
-    assert any("elements of the inputs it re-reads" in r and "more than 32" in r
+    assert any(r.startswith("the stitched kernel moves") and "TVM's fusion of the same ops" in r
                for r in reasons), reasons
 
 

@@ -90,6 +90,7 @@ from .task_split import (
     split_output_copies,
     split_rows,
 )
+from .unroll_bounds import bound_unrolling
 from .vectors import aligned_vectors, lanes_fit_booleans, spatial_block
 
 
@@ -157,7 +158,9 @@ def _mapped(func: tirx.PrimFunc, group: Group) -> s_tir.Schedule:
     done = rewritten(func, group)
     sch = done.sch
     if group.phases:
-        return _map_global(done, group)
+        sch = _map_global(done, group)
+        bound_unrolling(sch, group.unrolled)
+        return sch
     if group.mapping.kind is MappingKind.FLAT:
         _map_flat(sch, group.mapping, group.scalar_blocks)
         return sch
@@ -170,6 +173,7 @@ def _mapped(func: tirx.PrimFunc, group: Group) -> s_tir.Schedule:
             mapping.rows_expr or mapping.rows % (mapping.rows_per_block * mapping.row_steps)):
         _index_rows_in_block(sch, mapping.rows_per_block, rows=mapping.rows,
                              block_caches=frozenset(done.block_caches))
+    bound_unrolling(sch, group.unrolled)  # before the last steps are guarded apart
     return hold_inputs(sch, group)
 
 

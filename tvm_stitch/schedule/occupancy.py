@@ -122,6 +122,29 @@ rows of a prime length on 1024 threads, one element a step: 24 and 32 steps took
 registers of the cap (values held), 36 to 64 steps 32 (a rolled loop that loads again)."""
 
 
+PARTIAL_UNROLL_STEPS = 4
+"""Steps nvcc unrolls at a time of a thread's loop over its row elements longer than
+``FULL_UNROLL_STEPS``."""
+
+
+def unrolled_steps(steps: int) -> int:
+    """Steps of a thread's loop of ``steps`` steps that nvcc unrolls on its own: all of a short
+    loop (``FULL_UNROLL_STEPS``), ``PARTIAL_UNROLL_STEPS`` of a long one."""
+    return steps if steps <= FULL_UNROLL_STEPS else PARTIAL_UNROLL_STEPS
+
+
+def loads_room(launch: Launch, cached: int, sums: int = 0) -> int:
+    """Elements one thread of ``launch`` may have in flight from global memory in one
+    unrolled loop beside ``cached`` elements of re-read inputs and ``sums`` partial sums kept
+    in registers: each takes a register until its use, and nvcc issues every load of the
+    steps it unrolls before the first use; half of what the cached elements leave
+    (``cached_room``), as they have half of the cap. A LayerNorm's last phase over sub-rows
+    of 8192 on 256 threads (fuzz graph 9005:41), 32 elements of each of two streamed inputs
+    (scale and shift, as long as the row) per thread at a cap of 64: fully unrolled, 64
+    registers and 16 B spilled on sm_90; four steps of 4 at a time, 64 registers, none."""
+    return cached_room(launch, sums) - cached
+
+
 def cached_elements_cap(launch: Launch) -> int:
     """Most elements of re-read inputs one thread of ``launch`` may keep in registers
     without spilling: its register cap (``max_registers``, the launch bound's) over
@@ -234,4 +257,5 @@ __all__ = ["ASSUMED_REGISTERS", "REGISTERS_PER_CACHED_ELEMENT", "RESERVED_REGIST
            "PARTIAL_SUM_RESERVE", "SIMT_DEVICE", "aligned_shared", "blocks_per_sm",
            "cached_elements_cap", "cached_room",
            "device_of", "kernel_shared_bytes", "launch_config", "launch_for_cached",
-           "launch_for_grid", "max_registers", "registers_for_cached", "with_blocks_per_sm"]
+           "launch_for_grid", "loads_room", "max_registers", "registers_for_cached",
+           "unrolled_steps", "with_blocks_per_sm"]

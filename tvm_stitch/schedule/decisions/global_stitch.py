@@ -35,7 +35,13 @@ from ..blocks import (
     written_params,
 )
 from ..mapping import row_mapping, row_vector
-from ..occupancy import aligned_shared, cached_room, launch_config, launch_for_grid
+from ..occupancy import (
+    aligned_shared,
+    cached_room,
+    launch_config,
+    launch_for_grid,
+    loads_room,
+)
 from ..phases import (
     BlockRole,
     Roles,
@@ -65,7 +71,14 @@ from .chosen import (
     chosen_vector,
     reread_chosen,
 )
-from .rows import check_alignment, decide_inlining, decide_staging, register_cache
+from .rows import (
+    check_alignment,
+    decide_inlining,
+    decide_staging,
+    on_chip_inputs,
+    register_cache,
+    rolled_rereads,
+)
 from .state import (
     Decisions,
     Staging,
@@ -84,6 +97,7 @@ from .tiles import (
     fewest_tiles,
     tiles_for_cached,
 )
+from .unrolling import bound_unrolling
 
 
 def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: int,
@@ -198,6 +212,15 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
     reread, per_row = register_cache(sch, func, dec, mapping, infos)
     sums = sum(in_registers.values())  # held for the whole tile, as the row walk's elements
     room = cached_room(launch, sums)
+    rolled: frozenset[str] = frozenset()
+    if per_row > room:
+        rolled, kept = rolled_rereads(sch, func, dec, mapping, infos)
+        if rolled:
+            dec.demotions.append(Demotion(
+                DemotionKind.ROLLED_REREADS, ", ".join(sorted(rolled)), per_row, kept,
+                detail=f"more than the {room} a thread of {launch.threads} keeps beside "
+                       f"{sums} partial sums" if sums else f"more than {cap_text(launch)}"))
+            per_row = kept
     if per_row > room:
         if sums:
             raise Unstitchable(f"partial sums of the column reductions need {needed} B of "
@@ -264,14 +287,17 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
         raise Unstitchable(f"symbolic row count: its column phase would sum a wave of "
                            f"{tiles} partial sums per column in place in global memory (not "
                            f"one axis of whole threads of {mapping.threads_per_block})")
+    launch = replace(launch_for_grid(gpu, launch, grid) if split > 1 else launch, grid=grid)
+    unrolled = bound_unrolling(sch, func, infos, mapping,
+                               on_chip_inputs(sch, func, dec, per_row) - rolled,
+                               loads_room(launch, per_row, sum(in_registers.values())),
+                               frozenset(h.name for h in dec.held), rolled=rolled)
     return replace(group, mapping=mapping, inlined=tuple(dec.inlined),
                    buffers=plan_buffers(dec, mapping, reused) + accumulated + partials + staged
                    + sums,
                    shared_bytes=shared, shared_budget=budget,
-                   demotions=tuple(dec.demotions),
-                   launch=replace(launch_for_grid(gpu, launch, grid) if split > 1 else launch,
-                                  grid=grid),
-                   phases=phases)
+                   demotions=tuple(dec.demotions), launch=launch, phases=phases,
+                   unrolled=unrolled)
 
 
 def _kept_reserve(sch: s_tir.Schedule, func: tirx.PrimFunc, roles: Roles,

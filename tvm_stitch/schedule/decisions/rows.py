@@ -10,7 +10,15 @@ import tvm
 from tvm import s_tir, tirx
 
 from ...analysis.roofline import GPU
-from ...plan import Buffer, BufferRole, Group, StorageLevel, ThreadMapping
+from ...plan import (
+    Buffer,
+    BufferRole,
+    Demotion,
+    DemotionKind,
+    Group,
+    StorageLevel,
+    ThreadMapping,
+)
 from ...symbolic import declared_bounds, is_symbolic, shape_values, symbolic_extent, upper_bound
 from ...target import WARP_SIZE
 from ..blocks import (
@@ -30,7 +38,7 @@ from ..mapping import (
     row_steps,
     row_vector,
 )
-from ..occupancy import FULL_UNROLL_STEPS, cached_elements_cap, launch_for_cached
+from ..occupancy import FULL_UNROLL_STEPS, cached_elements_cap, launch_for_cached, loads_room
 from ..rows import (
     BlockRows,
     RowAccess,
@@ -70,6 +78,7 @@ from .state import (
     widest_element,
     writes_param,
 )
+from .unrolling import bound_unrolling
 
 
 def decide_rows(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: int,
@@ -127,16 +136,29 @@ def decide_rows(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: in
     shared = shared_bytes_of(dec, mapping)
     launch = launch_of(gpu, mapping.threads_per_block, shared, grid_of(mapping))
     reread, per_row = register_cache(sch, func, dec, mapping, infos)
+    rolled: frozenset[str] = frozenset()
+    if per_row > cached_elements_cap(holding := launch_for_cached(gpu, launch, per_row)):
+        rolled, kept = rolled_rereads(sch, func, dec, mapping, infos)
+        if rolled:
+            dec.demotions.append(Demotion(
+                DemotionKind.ROLLED_REREADS, ", ".join(sorted(rolled)), per_row, kept,
+                detail=f"more than {cap_text(holding)}"))
+            per_row = kept
     launch = launch_for_cached(gpu, launch, per_row)
     if per_row > cached_elements_cap(launch):
         raise Unstitchable(f"each thread would keep {per_row} elements of the inputs it "
                            f"re-reads ({', '.join(reread)}) in registers, more than "
                            f"{cap_text(launch)}: rows of {length} need more threads than "
                            "a block has")
+    unrolled = bound_unrolling(sch, func, infos, mapping,
+                               on_chip_inputs(sch, func, dec, per_row) - rolled,
+                               loads_room(launch, per_row),
+                               frozenset(h.name for h in dec.held),
+                               bool(choices.vector_reads), rolled)
     return replace(group, mapping=mapping, inlined=tuple(dec.inlined),
                    buffers=plan_buffers(dec, mapping, reused),
                    shared_bytes=shared, shared_budget=budget,
-                   demotions=tuple(dec.demotions), launch=launch)
+                   demotions=tuple(dec.demotions), launch=launch, unrolled=unrolled)
 
 
 def register_cache(sch: s_tir.Schedule, func: tirx.PrimFunc, dec: Decisions,
@@ -152,26 +174,78 @@ def register_cache(sch: s_tir.Schedule, func: tirx.PrimFunc, dec: Decisions,
     and so does one read through a broadcast of fewer elements than the row.
     An input every reader reads one element of per row (a LayerNorm backward's ``rstd``)
     counts once: every step reads that element."""
+    reread = reread_params(sch, func, dec)
+    kept = _kept_elements(sch, reread, mapping, infos)
+    steps = _steps(mapping)
+    return ([p.name + (" read out of order or wrapped, counted twice"
+                       if kept[p.name] > steps * mapping.vector else
+                       ", one element per row" if kept[p.name] == 1 else "")
+             for p in reread], sum(kept.values()))
+
+
+def _steps(mapping: ThreadMapping) -> int:
+    """Steps of a thread's loop over the elements of a row under ``mapping``."""
+    return -(-mapping.row_length // (mapping.threads_per_row * mapping.vector))
+
+
+def _kept_elements(sch: s_tir.Schedule, reread: list[tirx.Buffer], mapping: ThreadMapping,
+                   infos: dict[str, BlockRows]) -> dict[str, int]:
+    """Elements of each of the ``reread`` inputs one thread keeps in registers per row
+    (``register_cache``); none where its loops have a run-time extent (nothing unrolled) or
+    more steps than nvcc unrolls."""
+    steps = _steps(mapping)
+    if mapping.length_expr or steps > FULL_UNROLL_STEPS:
+        return {p.name: 0 for p in reread}
+    rows = mapping.rows
+    return {p.name: 1 if _read_once_per_row(sch, p, infos, rows) else
+            steps * mapping.vector * (2 if _read_out_of_order(sch, p, infos, rows)
+                                      or _read_wrapped(sch, p, infos, rows) else 1)
+            for p in reread}
+
+
+def rolled_rereads(sch: s_tir.Schedule, func: tirx.PrimFunc, dec: Decisions,
+                   mapping: ThreadMapping, infos: dict[str, BlockRows]
+                   ) -> tuple[frozenset[str], int]:
+    """Where a thread's re-read inputs do not fit its registers (``register_cache``): roll
+    the loops over its elements that read them (``unrolling.bound_unrolling``), which then
+    read them again from global memory (L2). Returns those inputs (all but the ones read one
+    element per row) and the elements a thread still keeps per row. An input held in
+    registers (``dec.held``) among them is demoted to global memory: its copy is indexed by
+    the loops, and only whole ones keep it in registers (rolled, a LayerNorm backward of
+    width 10240 took a 112 B stack frame). Nothing to roll for rows a thread walks in one
+    step."""
+    reread = reread_params(sch, func, dec)
+    kept = _kept_elements(sch, reread, mapping, infos)
+    rolled = frozenset(p.name for p in reread if kept[p.name] > 1)
+    if _steps(mapping) <= 1 or not rolled:
+        return frozenset(), sum(kept.values())
+    for h in [h for h in dec.held if h.name in rolled]:
+        dec.held.remove(h)
+        dec.global_reads.append(Buffer(h.name, BufferRole.INPUT, StorageLevel.GLOBAL, 0,
+                                       "demoted: re-read from global memory in rolled loops"))
+    return rolled, sum(n for name, n in kept.items() if name not in rolled)
+
+
+def reread_params(sch: s_tir.Schedule, func: tirx.PrimFunc, dec: Decisions
+                  ) -> list[tirx.Buffer]:
+    """The inputs of ``func`` that several blocks read from global memory at known places
+    (neither staged on chip nor written)."""
     on_chip = {s.name for s in dec.staged} | {b.name for b in dec.block_shared}
     written = {p.name for p in written_params(func, sch)}
     # a gather's read is of one element at a place known at run time only: nothing for a
     # register to keep (a cross-entropy reads its row once, then the target's logit)
-    reread = [p for p in buffer_params(func)
-              if p.name not in on_chip | written and len(readers(sch, p, affine=True)) > 1]
-    if mapping.length_expr:  # a loop of run-time extent: nothing unrolled, nothing kept
-        return [p.name for p in reread], 0
-    vector = mapping.vector  # a thread's accesses are vectors of this many elements
-    steps = -(-mapping.row_length // (mapping.threads_per_row * vector))
-    if steps > FULL_UNROLL_STEPS:  # a rolled loop: nothing is held from one loop to the next
-        return [p.name for p in reread], 0
-    per_thread = steps * vector
-    doubled = {p.name for p in reread if _read_out_of_order(sch, p, infos, mapping.rows)
-               or _read_wrapped(sch, p, infos, mapping.rows)}
-    single = {p.name for p in reread if _read_once_per_row(sch, p, infos, mapping.rows)}
-    return ([p.name + (" read out of order or wrapped, counted twice" if p.name in doubled else
-                       ", one element per row" if p.name in single else "")
-             for p in reread],
-            per_thread * (len(reread) - len(single) + len(doubled)) + len(single))
+    return [p for p in buffer_params(func)
+            if p.name not in on_chip | written and len(readers(sch, p, affine=True)) > 1]
+
+
+def on_chip_inputs(sch: s_tir.Schedule, func: tirx.PrimFunc, dec: Decisions,
+                   cached: int) -> set[str]:
+    """The inputs a thread does not stream from global memory at each read: staged in
+    shared memory, held in registers, or (with ``cached`` elements per thread,
+    ``register_cache``) re-read and kept in registers by nvcc."""
+    kept = {s.name for s in dec.staged} | {b.name for b in dec.block_shared} \
+        | {h.name for h in dec.held}
+    return kept | ({p.name for p in reread_params(sch, func, dec)} if cached else set())
 
 
 def _reads_of(sch: s_tir.Schedule, param: tirx.Buffer, infos: dict[str, BlockRows]

@@ -1,0 +1,82 @@
+"""A block that streams several inputs as long as its row unrolls its element loop in runs
+that keep their loads within the thread's registers (``Group.unrolled``): nvcc issues every
+load of the steps it unrolls before the first use. Fuzz graph 9005:41, a LayerNorm over all
+of (1, 16, 512, 512) with a scale and a shift as large, split over 512 blocks of 256 threads
+at a cap of 64 registers: its last phase, 8 steps of 4 elements of each, fully unrolled,
+spilled 16 B on sm_90. Owner: schedule/decisions/unrolling.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper
+from regression_models import model, needs_stitch
+from tvm.target import Target
+
+from tvm_stitch.analysis import ptxas_resources
+from tvm_stitch.frontend.onnx import import_model
+from tvm_stitch.lowering import lower
+from tvm_stitch.plan import Choices, StitchPlan, Unrolled
+from tvm_stitch.schedule.decisions import decide
+from tvm_stitch.testing.differential import check_model
+from tvm_stitch.tuning.tasks import extract_tasks
+from tvm_stitch.verify import compile_model
+
+pytestmark = needs_stitch
+
+SHAPE = [1, 16, 512, 512]
+CASES = Path(__file__).parent / "cases"
+
+
+def _layer_norm_of_everything() -> object:
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Floor", ["x"], ["f"]),
+             helper.make_node("Reshape", ["f", "rows"], ["r"]),
+             helper.make_node("LayerNormalization", ["f", "scale", "shift"], ["n"], axis=0)]
+    return model(nodes, {"x": SHAPE}, {"r": [1, 8192, 512], "n": SHAPE},
+                 {"rows": np.array([1, 8192, 512], np.int64),
+                  "scale": rng.uniform(0.5, 1.5, SHAPE).astype(np.float32),
+                  "shift": rng.uniform(-1, 1, SHAPE).astype(np.float32)})
+
+
+def test_streamed_scale_and_shift_unroll_in_runs_of_four() -> None:
+    built = _layer_norm_of_everything()
+    plan = StitchPlan.of_module(compile_model(built, "stitch"))
+    (group,) = plan.groups
+    assert group.row_split == 512 and group.launch.max_registers == 64, plan
+    assert group.unrolled == (Unrolled("T_layer_norm", 4, 4, 8),), plan
+    assert "runs of 4 step(s) of 4 unrolled" in str(plan)
+    assert StitchPlan.from_json(plan.to_json()) == plan
+
+
+def test_runs_are_emitted_rolled_and_nothing_spills() -> None:
+    built = _layer_norm_of_everything()
+    scheduled = compile_model(built, "stitch")
+    (group,) = StitchPlan.of_module(scheduled).groups
+    source = lower(scheduled[group.function], group.function,
+                   Target({"kind": "cuda", "arch": "sm_90"})).source()
+    # the last phase's loop: two runs of four steps, not unrolled as a whole
+    assert source.count("#pragma unroll 1") == 1
+    loop = source[source.index("#pragma unroll 1"):]
+    assert loop.split("\n")[1].strip().endswith("< 2; ++ax1_0_0) {"), loop[:200]
+    # nvcc/ptxas for sm_80 and sm_90: no spill, no stack frame; and the SIMT run
+    outcome = check_model(built, "stitch")
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+
+
+def test_a_row_of_31000_streaming_two_inputs_keeps_within_the_registers() -> None:
+    # fuzz graph 6007:588: a LayerNorm over (4, 250, 31) float16 of an Expand to
+    # (2, 4, 250, 31), its scale and shift as large, beside Relu. A block per row of 31000 on
+    # 1024 threads (the plan of split_parts=1, the rules' own before) streamed the scale and
+    # the shift 8 lanes a step in a fully unrolled loop and spilled 16 B on sm_80; the plan
+    # now unrolls one step at a time (the block is scalar: runs of 8 elements).
+    built = onnx.load(CASES / "stitch-s6007-g588.onnx")
+    (task,) = extract_tasks(import_model(built), "cuda:sm_90")
+    decided = decide(task.func, task.group, task.rows, task.target, Choices(split_parts=1))
+    assert decided.group.unrolled == (Unrolled("T_layer_norm", 1, 8, 16),)
+    source = decided.lowered.source()
+    for arch in ("sm_80", "sm_90"):
+        (resources,) = ptxas_resources(source, arch).values()
+        assert resources.spill_store_bytes == resources.stack_bytes == 0, (arch, resources)

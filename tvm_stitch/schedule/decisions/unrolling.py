@@ -1,0 +1,74 @@
+"""Unrolling: how far nvcc may unroll a thread's loop over its row elements.
+
+nvcc unrolls a short loop over a thread's elements fully, a long one a few steps at a time
+(``occupancy.unrolled_steps``), and issues every global load of the steps it unrolls before
+the first use. A block that streams several inputs from global memory (read once, neither
+staged nor held) then has all their elements of those steps in flight, a register each; where
+that exceeds what the thread's register cap leaves beside its cached elements
+(``occupancy.loads_room``), the plan bounds the unrolling of that block's element loop
+(``Group.unrolled``; emission annotates the loop). Still a register's worth of loads in flight
+per element the room allows: far more than a memory-bound kernel needs to cover the latency.
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+
+from ...plan import MappingKind, ThreadMapping, Unrolled
+from ...symbolic import shape_values
+from ..blocks import buffer_params, child_blocks, name_of, written_params
+from ..occupancy import unrolled_steps
+from ..rows import BlockRows, row_elements
+from ..vectors import spatial_block
+
+
+def bound_unrolling(sch: s_tir.Schedule, func: tirx.PrimFunc, infos: dict[str, BlockRows],
+                    mapping: ThreadMapping, on_chip: set[str], room: int,
+                    held: frozenset[str], vector_reads: bool = False,
+                    rolled: frozenset[str] = frozenset()) -> tuple[Unrolled, ...]:
+    """The row blocks (``infos``) of ``sch`` whose element loops, as nvcc would unroll them
+    under ``mapping``, would have more elements of the inputs they stream (the inputs of
+    ``func`` other than ``on_chip``: staged, held or cached in registers) in flight than
+    ``room``, each with the most steps that keep within it and divide its loop (emission
+    unrolls runs of them; one at least). Reductions read one element a step, or with
+    ``vector_reads`` (``Choices.vector_reads``) a vector. A block reading one of the
+    ``rolled`` inputs (``rows.rolled_rereads``) unrolls fewer steps than it has, so that
+    nvcc keeps none of their elements in registers from one loop to the next. A block
+    reading an input ``held`` in registers (``registers.hold_inputs``) is left whole: its
+    loop indexes the held copy, which only a fully unrolled loop keeps in registers.
+    None for rows of run-time length (a loop nvcc does not unroll) or a mapping without an
+    element loop per thread."""
+    if mapping.length_expr or mapping.kind not in (MappingKind.BLOCK_PER_ROW,
+                                                   MappingKind.WARP_PER_ROW):
+        return ()
+    written = {p.name for p in written_params(func, sch)}
+    streamed = {p.name: p for p in buffer_params(func)
+                if p.name not in written and p.name not in on_chip}
+    bounded = []
+    for block in child_blocks(sch):
+        name, stmt = name_of(sch, block), sch.get(block)
+        info = infos.get(name)
+        inputs = {r.source.name: r.source for r in stmt.reads if r.source.name in streamed}
+        if info is None or not inputs or any(r.source.name in held for r in stmt.reads):
+            continue
+        lanes = mapping.vector if spatial_block(stmt) or vector_reads else 1
+        steps = -(-info.elements // (mapping.threads_per_row * lanes))
+        per_step = sum(lanes if _streams_rows(p, info, mapping.rows) else 1
+                       for p in inputs.values())
+        longest = steps - 1 if steps > 1 and rolled & inputs.keys() else steps
+        if longest == steps and unrolled_steps(steps) * per_step <= room:
+            continue
+        fitting = min(longest, max(1, room // per_step))
+        run = max(d for d in range(1, fitting + 1) if steps % d == 0)
+        bounded.append(Unrolled(name, run, lanes, per_step))
+    return tuple(bounded)
+
+
+def _streams_rows(param: tirx.Buffer, info: BlockRows, rows: int) -> bool:
+    """Whether ``param`` has as many elements per row as ``info``'s block visits (or an
+    unknown count), a load of its own for each lane; else it is broadcast over the row (a
+    scale per channel, a scalar), and its lanes at a step share at most a load or so."""
+    return shape_values(param.shape) is None or row_elements(param, rows) >= info.elements
+
+
+__all__ = ["bound_unrolling"]

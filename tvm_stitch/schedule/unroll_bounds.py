@@ -1,0 +1,41 @@
+"""Emission of the plan's unroll bounds (``Group.unrolled``): each named block's loop over a
+thread's elements (its serial loop inside the thread binding) is split into runs of the
+bound's elements, unrolled, inside a loop nvcc must not unroll (TVM's ``disable_unroll``
+annotation, printed as ``#pragma unroll 1`` on the loop itself; a ``pragma_unroll``
+annotation becomes a statement of its own, before which TVM may insert a barrier, and then
+binds nothing)."""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+
+from ..plan import Unrolled
+
+NOT_UNROLLED = "disable_unroll"
+
+
+def bound_unrolling(sch: s_tir.Schedule, unrolled: tuple[Unrolled, ...]) -> None:
+    """Split the element loop of every block of ``unrolled`` (mapped: inside a loop bound to
+    a thread, then the loop of its steps, then its vector's lanes if it has them) into a
+    rolled loop over unrolled runs of the bound's ``steps * lanes`` elements; a block the
+    plan keeps scalar takes them one a step (the last run guarded where they do not divide
+    its steps). Asserts each block has such a loop."""
+    for bound in unrolled:
+        loops = sch.get_loops(sch.get_sblock(bound.block))
+        bound_at = [i for i, loop in enumerate(loops)
+                    if sch.get(loop).kind == tirx.ForKind.THREAD_BINDING]
+        assert bound_at, f"{bound.block} is not mapped to threads"
+        inner = loops[bound_at[-1] + 1:]
+        lanes = int(sch.get(inner[-1]).extent) \
+            if sch.get(inner[-1]).kind == tirx.ForKind.VECTORIZED else 1
+        run = bound.steps * bound.lanes // lanes
+        longer = [loop for loop in inner if sch.get(loop).kind == tirx.ForKind.SERIAL
+                  and isinstance(sch.get(loop).extent, tirx.IntImm)
+                  and int(sch.get(loop).extent) > run]
+        assert run >= 1 and len(longer) == 1, f"{bound.block}: element loops {longer}, {bound}"
+        rolled, steps = sch.split(longer[0], [None, run])
+        sch.annotate(rolled, NOT_UNROLLED, 1)
+        sch.unroll(steps)
+
+
+__all__ = ["NOT_UNROLLED", "bound_unrolling"]
