@@ -5,7 +5,9 @@ plan says (``emit.kernel``); a persistent kernel's Relax calls then get its barr
 and workspaces (``transform.kernel_state``). It runs dlight's default GPU rules (Matmul,
 GEMV, Reduction, GeneralReduction, Fallback) on the other PrimFuncs, trying the next rule
 when one raises: a crash inside a dlight rule (TVM 0.27's GEMV rule asserts on some
-broadcast-multiply + sum functions) then costs a slower schedule, never the compile. A rule's
+broadcast-multiply + sum functions) then costs a slower schedule, never the compile. Its GEMV
+rule also schedules wrong kernels for sums whose operand is broadcast along the kept axes, so
+ours applies it only where its vector runs along the reduction (``GEMV``). A rule's
 schedule counts only when all of the function runs in kernels (``host_code``): TVM 0.27's
 GeneralReduction binds a reduction to a scalar inside its own serial loops, one kernel
 launch per element from a host loop. When no rule schedules a function, each of its loop
@@ -23,6 +25,8 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.ir import IRModule
 from tvm.s_tir import dlight as dl
+from tvm.s_tir.dlight.analysis import normalize_prim_func
+from tvm.s_tir.dlight.base import try_inline_contiguous_spatial
 from tvm.target import Target
 
 from ..plan import GROUP_ATTR, Group, StitchPlan
@@ -35,16 +39,54 @@ logger = logging.getLogger(__name__)
 SCHEDULED_ATTR = "tirx.is_scheduled"
 
 
+class GEMV(dl.gpu.GEMV):
+    """dlight's GEMV rule, applied only where each operand it would take as the vector (read
+    with fewer of the reduction block's iterators than the block has) runs along the
+    reduction. TVM 0.27's rule also takes an operand broadcast along the kept axes for one,
+    and its kernel is wrong: a sum over the last axis of ``x * c`` on (2, 32, 32) with ``c``
+    of (1, 32, 1) came out up to 135 off (TVM's default flow too), and the fallback of fuzz
+    graph 6007:1592 (a sum over the middle axis of ``max(log_softmax(x), c)``, read through a
+    transpose) gave infinities. The next rule (Reduction) schedules those right."""
+
+    def apply(self, func: tirx.PrimFunc, target: Target, tune: bool
+              ) -> None | s_tir.Schedule | list[s_tir.Schedule]:
+        if isinstance(func, tirx.PrimFunc) and _broadcast_operand(func):
+            return None
+        return super().apply(func, target, tune)
+
+
+def _broadcast_operand(func: tirx.PrimFunc) -> bool:
+    """Whether the reduction dlight's GEMV rule would schedule in ``func`` (its first block
+    once the spatial blocks before it are inlined, as the rule does) reads a buffer with some
+    but not all of its iterators and none of its reduction iterators."""
+    sch = s_tir.Schedule(func)
+    infos = try_inline_contiguous_spatial(sch, normalize_prim_func(sch))
+    if not infos:
+        return False
+    block = sch.get(infos[0].block_rv)
+    iters = {iv.var for iv in block.iter_vars}
+    reduced = {iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce}
+    for read in block.reads:
+        used: set = set()
+        for r in read.region:
+            tvm_ffi.structural_walk(r.min, [(tvm.ir.Var, used.add)])
+        used &= iters
+        if 0 < len(used) < len(iters) and not used & reduced:
+            return True
+    return False
+
+
 def default_rules() -> list[dl.ScheduleRule]:
-    """dlight's default GPU rules, in the order TVM's CUDA pipeline applies them."""
-    return [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
+    """dlight's default GPU rules, in the order TVM's CUDA pipeline applies them (its GEMV
+    rule only where it is right, ``GEMV``)."""
+    return [dl.gpu.Matmul(), GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
             dl.gpu.Fallback()]
 
 
 def contraction_rules() -> list[dl.ScheduleRule]:
     """dlight's rules for matmuls and matrix-vector products, the kernels that absorb copies
     (``graph.operands``)."""
-    return [dl.gpu.Matmul(), dl.gpu.GEMV()]
+    return [dl.gpu.Matmul(), GEMV()]
 
 
 def pads_matmul(func: tirx.PrimFunc) -> bool:
