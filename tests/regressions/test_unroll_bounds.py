@@ -7,6 +7,7 @@ spilled 16 B on sm_90. Owner: schedule/decisions/unrolling.py."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from tvm_stitch.frontend.onnx import import_model
 from tvm_stitch.lowering import lower
 from tvm_stitch.plan import Choices, StitchPlan, Unrolled
 from tvm_stitch.schedule.decisions import decide
+from tvm_stitch.simt.kernel import SimtFunction
 from tvm_stitch.testing.differential import check_model
 from tvm_stitch.tuning.tasks import extract_tasks
 from tvm_stitch.verify import compile_model
@@ -80,3 +82,38 @@ def test_a_row_of_31000_streaming_two_inputs_keeps_within_the_registers() -> Non
     for arch in ("sm_80", "sm_90"):
         (resources,) = ptxas_resources(source, arch).values()
         assert resources.spill_store_bytes == resources.stack_bytes == 0, (arch, resources)
+
+
+def test_a_block_computed_lane_by_lane_unrolls_in_runs_after_its_register_copies() -> None:
+    # fuzz graph 6007:459's shape, smaller: a LayerNorm over all of (1, 4, 128, 128) with a
+    # scale as large, and |n|, erf(n) and min(n, c) - 0.5 as outputs, in one block (the
+    # plan of split_parts=1). erf(n) is computed lane by lane from register copies of its
+    # vector; splitting its step loop before those copies were made left TVM a copy of a
+    # region it could not bound ("scheduling failed"). Its runs are now split after them.
+    c, h = 4, 128
+    scale = np.linspace(0.5, 1.5, c * h * h, dtype=np.float32).reshape(c, h, h)
+    low = np.linspace(-1, 1, h, dtype=np.float32)
+    nodes = [helper.make_node("LayerNormalization", ["x", "scale"], ["n"], axis=-3),
+             helper.make_node("Min", ["n", "low"], ["m"]),
+             helper.make_node("Abs", ["n"], ["a"]),
+             helper.make_node("Erf", ["n"], ["e"]),
+             helper.make_node("Add", ["m", "shift"], ["y"])]
+    shape = [1, c, h, h]
+    built = model(nodes, {"x": shape}, {"a": shape, "e": shape, "y": shape},
+                  {"scale": scale, "low": low, "shift": np.array(-0.5, np.float32)})
+    (task,) = extract_tasks(import_model(built), "cuda:sm_90")
+    decided = decide(task.func, task.group, task.rows, task.target, Choices(split_parts=1))
+    (lanes,) = decided.group.lane_blocks
+    assert lanes in {u.block for u in decided.group.unrolled}
+    for arch in ("sm_80", "sm_90"):
+        (resources,) = ptxas_resources(decided.lowered.source(), arch).values()
+        assert resources.spill_store_bytes == resources.stack_bytes == 0, (arch, resources)
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    norm = (x - x.mean()) / np.sqrt(x.var() + 1e-5) * scale
+    outputs = [np.zeros_like(x) for _ in range(3)]
+    SimtFunction.from_primfunc(decided.scheduled, "lanes")(
+        x, scale, np.zeros_like(scale), low, *outputs)
+    expected = [np.abs(norm), np.vectorize(math.erf)(norm.astype(np.float64)),
+                np.minimum(norm, low) - 0.5]
+    for out, want in zip(outputs, expected, strict=True):  # |n|, erf(n), min(n, c) - 0.5
+        np.testing.assert_allclose(out, want, atol=1e-5)

@@ -39,6 +39,7 @@ from ..plan import (
     PhaseKind,
     StorageLevel,
     ThreadMapping,
+    Unrolled,
 )
 from ..symbolic import dim_value, is_symbolic
 from ..transform.guarded_updates import (
@@ -151,6 +152,8 @@ def emit(func: tirx.PrimFunc, group: Group) -> s_tir.Schedule:
     sch = _mapped(func, group)
     if group.lane_blocks:
         register_lanes(sch, group.lane_blocks, group.mapping.vector)
+        # after the lanes' register copies, which a step of the whole vector moves
+        bound_unrolling(sch, tuple(u for u in group.unrolled if u.block in group.lane_blocks))
     return sch
 
 
@@ -159,7 +162,7 @@ def _mapped(func: tirx.PrimFunc, group: Group) -> s_tir.Schedule:
     sch = done.sch
     if group.phases:
         sch = _map_global(done, group)
-        bound_unrolling(sch, group.unrolled)
+        bound_unrolling(sch, _not_lanes(group))
         return sch
     if group.mapping.kind is MappingKind.FLAT:
         _map_flat(sch, group.mapping, group.scalar_blocks)
@@ -173,8 +176,13 @@ def _mapped(func: tirx.PrimFunc, group: Group) -> s_tir.Schedule:
             mapping.rows_expr or mapping.rows % (mapping.rows_per_block * mapping.row_steps)):
         _index_rows_in_block(sch, mapping.rows_per_block, rows=mapping.rows,
                              block_caches=frozenset(done.block_caches))
-    bound_unrolling(sch, group.unrolled)  # before the last steps are guarded apart
+    bound_unrolling(sch, _not_lanes(group))  # before the last steps are guarded apart
     return hold_inputs(sch, group)
+
+
+def _not_lanes(group: Group) -> tuple[Unrolled, ...]:
+    """The unroll bounds of ``group`` for blocks not computed lane by lane."""
+    return tuple(u for u in group.unrolled if u.block not in group.lane_blocks)
 
 
 @dataclass

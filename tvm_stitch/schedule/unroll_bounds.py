@@ -16,7 +16,8 @@ NOT_UNROLLED = "disable_unroll"
 
 def bound_unrolling(sch: s_tir.Schedule, unrolled: tuple[Unrolled, ...]) -> None:
     """Split the element loop of every block of ``unrolled`` (mapped: inside a loop bound to
-    a thread, then the loop of its steps, then its vector's lanes if it has them) into a
+    a thread, then the loop of its steps, then its vector's lanes if it has them, vectorised
+    or, for a block computed lane by lane, unrolled: ``lanes.register_lanes``) into a
     rolled loop over unrolled runs of the bound's ``steps * lanes`` elements; a block the
     plan keeps scalar takes them one a step (the last run guarded where they do not divide
     its steps). Asserts each block has such a loop."""
@@ -26,8 +27,8 @@ def bound_unrolling(sch: s_tir.Schedule, unrolled: tuple[Unrolled, ...]) -> None
                     if sch.get(loop).kind == tirx.ForKind.THREAD_BINDING]
         assert bound_at, f"{bound.block} is not mapped to threads"
         inner = loops[bound_at[-1] + 1:]
-        lanes = int(sch.get(inner[-1]).extent) \
-            if sch.get(inner[-1]).kind == tirx.ForKind.VECTORIZED else 1
+        lanes = int(sch.get(inner[-1]).extent) if sch.get(inner[-1]).kind in (
+            tirx.ForKind.VECTORIZED, tirx.ForKind.UNROLLED) else 1  # lane by lane: unrolled
         run = bound.steps * bound.lanes // lanes
         longer = [loop for loop in inner if sch.get(loop).kind == tirx.ForKind.SERIAL
                   and isinstance(sch.get(loop).extent, tirx.IntImm)
