@@ -117,3 +117,16 @@ def test_a_block_computed_lane_by_lane_unrolls_in_runs_after_its_register_copies
                 np.minimum(norm, low) - 0.5]
     for out, want in zip(outputs, expected, strict=True):  # |n|, erf(n), min(n, c) - 0.5
         np.testing.assert_allclose(out, want, atol=1e-5)
+
+
+def test_a_loop_of_one_step_is_not_bounded() -> None:
+    # fuzz graph 9006:31: a ReduceMean over a row of 1024 float16 values feeding two
+    # LayerNorms of one element. A block walking its row in one step was bounded to runs
+    # of one step, and emission found no loop to split: the group fell back ("scheduling
+    # failed").
+    built = onnx.load(CASES / "stitch-s9006-g31.onnx")
+    plan = StitchPlan.of_module(compile_model(built, "stitch"))
+    assert not [f.reason for f in plan.fallbacks if "scheduling failed" in f.reason], plan
+    assert all(u.steps * u.lanes < 1024 for g in plan.groups for u in g.unrolled)
+    outcome = check_model(built, "stitch")
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)

@@ -20,7 +20,8 @@ def bound_unrolling(sch: s_tir.Schedule, unrolled: tuple[Unrolled, ...]) -> None
     or, for a block computed lane by lane, unrolled: ``lanes.register_lanes``) into a
     rolled loop over unrolled runs of the bound's ``steps * lanes`` elements; a block the
     plan keeps scalar takes them one a step (the last run guarded where they do not divide
-    its steps). Asserts each block has such a loop."""
+    its steps). A loop no longer than a run is left as it is; asserts a block has at most
+    one loop to split."""
     for bound in unrolled:
         loops = sch.get_loops(sch.get_sblock(bound.block))
         bound_at = [i for i, loop in enumerate(loops)
@@ -33,7 +34,9 @@ def bound_unrolling(sch: s_tir.Schedule, unrolled: tuple[Unrolled, ...]) -> None
         longer = [loop for loop in inner if sch.get(loop).kind == tirx.ForKind.SERIAL
                   and isinstance(sch.get(loop).extent, tirx.IntImm)
                   and int(sch.get(loop).extent) > run]
-        assert run >= 1 and len(longer) == 1, f"{bound.block}: element loops {longer}, {bound}"
+        assert run >= 1 and len(longer) <= 1, f"{bound.block}: element loops {longer}, {bound}"
+        if not longer:  # no longer than a run (a scalar block walking fewer elements)
+            continue
         rolled, steps = sch.split(longer[0], [None, run])
         sch.annotate(rolled, NOT_UNROLLED, 1)
         sch.unroll(steps)

@@ -60,7 +60,8 @@ def bound_unrolling(sch: s_tir.Schedule, func: tirx.PrimFunc, infos: dict[str, B
             continue
         fitting = min(longest, max(1, room // per_step))
         run = max(d for d in range(1, fitting + 1) if steps % d == 0)
-        bounded.append(Unrolled(name, run, lanes, per_step))
+        if run < steps:  # a loop of one step has nothing to bound
+            bounded.append(Unrolled(name, run, lanes, per_step))
     return tuple(bounded)
 
 
