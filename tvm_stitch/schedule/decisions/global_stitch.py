@@ -214,13 +214,10 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
     room = cached_room(launch, sums)
     rolled: frozenset[str] = frozenset()
     if per_row > room:
-        rolled, kept = rolled_rereads(sch, func, dec, mapping, infos)
-        if rolled:
-            dec.demotions.append(Demotion(
-                DemotionKind.ROLLED_REREADS, ", ".join(sorted(rolled)), per_row, kept,
-                detail=f"more than the {room} a thread of {launch.threads} keeps beside "
-                       f"{sums} partial sums" if sums else f"more than {cap_text(launch)}"))
-            per_row = kept
+        rolled, per_row = rolled_rereads(
+            sch, func, dec, mapping, infos, per_row,
+            f"more than the {room} a thread of {launch.threads} keeps beside {sums} partial "
+            f"sums" if sums else f"more than {cap_text(launch)}")
     if per_row > room:
         if sums:
             raise Unstitchable(f"partial sums of the column reductions need {needed} B of "

@@ -138,12 +138,8 @@ def decide_rows(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: in
     reread, per_row = register_cache(sch, func, dec, mapping, infos)
     rolled: frozenset[str] = frozenset()
     if per_row > cached_elements_cap(holding := launch_for_cached(gpu, launch, per_row)):
-        rolled, kept = rolled_rereads(sch, func, dec, mapping, infos)
-        if rolled:
-            dec.demotions.append(Demotion(
-                DemotionKind.ROLLED_REREADS, ", ".join(sorted(rolled)), per_row, kept,
-                detail=f"more than {cap_text(holding)}"))
-            per_row = kept
+        rolled, per_row = rolled_rereads(sch, func, dec, mapping, infos, per_row,
+                                         f"more than {cap_text(holding)}")
     launch = launch_for_cached(gpu, launch, per_row)
     if per_row > cached_elements_cap(launch):
         raise Unstitchable(f"each thread would keep {per_row} elements of the inputs it "
@@ -204,12 +200,14 @@ def _kept_elements(sch: s_tir.Schedule, reread: list[tirx.Buffer], mapping: Thre
 
 
 def rolled_rereads(sch: s_tir.Schedule, func: tirx.PrimFunc, dec: Decisions,
-                   mapping: ThreadMapping, infos: dict[str, BlockRows]
-                   ) -> tuple[frozenset[str], int]:
-    """Where a thread's re-read inputs do not fit its registers (``register_cache``): roll
-    the loops over its elements that read them (``unrolling.bound_unrolling``), which then
-    read them again from global memory (L2). Returns those inputs (all but the ones read one
-    element per row) and the elements a thread still keeps per row. An input held in
+                   mapping: ThreadMapping, infos: dict[str, BlockRows], cached: int,
+                   why: str) -> tuple[frozenset[str], int]:
+    """Where a thread's ``cached`` elements of re-read inputs do not fit its registers
+    (``register_cache``; ``why``): roll the loops over its elements that read them
+    (``unrolling.bound_unrolling``), which then read them again from global memory (L2), a
+    ``ROLLED_REREADS`` demotion. Returns those inputs (all but the ones read one element per
+    row) and the elements a thread still keeps per row (``cached`` when it rolls none). An
+    input held in
     registers (``dec.held``) among them is demoted to global memory: its copy is indexed by
     the loops, and only whole ones keep it in registers (rolled, a LayerNorm backward of
     width 10240 took a 112 B stack frame). Nothing to roll for rows a thread walks in one
@@ -218,12 +216,15 @@ def rolled_rereads(sch: s_tir.Schedule, func: tirx.PrimFunc, dec: Decisions,
     kept = _kept_elements(sch, reread, mapping, infos)
     rolled = frozenset(p.name for p in reread if kept[p.name] > 1)
     if _steps(mapping) <= 1 or not rolled:
-        return frozenset(), sum(kept.values())
+        return frozenset(), cached
     for h in [h for h in dec.held if h.name in rolled]:
         dec.held.remove(h)
         dec.global_reads.append(Buffer(h.name, BufferRole.INPUT, StorageLevel.GLOBAL, 0,
                                        "demoted: re-read from global memory in rolled loops"))
-    return rolled, sum(n for name, n in kept.items() if name not in rolled)
+    left = sum(n for name, n in kept.items() if name not in rolled)
+    dec.demotions.append(Demotion(DemotionKind.ROLLED_REREADS, ", ".join(sorted(rolled)),
+                                  cached, left, detail=why))
+    return rolled, left
 
 
 def reread_params(sch: s_tir.Schedule, func: tirx.PrimFunc, dec: Decisions
