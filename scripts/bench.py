@@ -39,7 +39,7 @@ def bench_flow(model, flow: str, size: str, target: str, dims: dict[str, int] | 
     scheduled = verify.compile_model(model, flow, target)
     report = analysis.analyze(scheduled, shape_vars=dims).to_dict()
     row = {k: report[k] for k in ("kernels", "mem_kernels", "global_bytes", "traffic_ratio",
-                                  "dram_bytes", "dram_ratio", "roofline_us")}
+                                  "dram_bytes", "dram_ratio", "sector_bytes", "roofline_us")}
     kernels = report["per_kernel"]
     row["blocks"] = [k["blocks"] for k in kernels]
     row["threads_per_block"] = [k["threads_per_block"] for k in kernels]
@@ -102,7 +102,7 @@ def _summary(r: dict) -> str:
         return "ERROR " + r["error"]
     err = "" if r["max_abs_err"] is None else f" err={r['max_abs_err']:.1e}"
     return (f"kernels={r['kernels']} mem={r['mem_kernels']} ratio={r['traffic_ratio']:.2f} "
-            f"dram={r['dram_ratio']:.2f} "
+            f"dram={r['dram_ratio']:.2f} sectors={_sector_ratio(r):.2f} "
             f"H200={r['roofline_us']['H200']:.1f}us{err}")
 
 
@@ -111,22 +111,28 @@ def markdown(result: dict, flows: list[str]) -> str:
     head = ["workload", "size", "compulsory MB"]
     for flow in flows:
         head += [f"{flow} kernels", f"{flow} mem kernels", f"{flow} MB", f"{flow} ratio",
-                 f"{flow} DRAM ratio", f"{flow} H200 us", f"{flow} A100 us", f"{flow} V100 us",
-                 f"{flow} max err"]
+                 f"{flow} DRAM ratio", f"{flow} sector ratio", f"{flow} H200 us",
+                 f"{flow} A100 us", f"{flow} V100 us", f"{flow} max err"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for w in result["workloads"]:
         cells = [w["name"], w["size"], _mb(w.get("compulsory_bytes"))]
         for flow in flows:
             r = w["pipelines"].get(flow, {"error": "not run"})
             if "error" in r:
-                cells += ["error: " + r["error"][:60]] + [""] * 8
+                cells += ["error: " + r["error"][:60]] + [""] * 9
                 continue
             err = "-" if r["max_abs_err"] is None else f"{r['max_abs_err']:.1e}"
             cells += [str(r["kernels"]), str(r["mem_kernels"]), _mb(r["global_bytes"]),
-                      f"{r['traffic_ratio']:.2f}", f"{r['dram_ratio']:.2f}"]
+                      f"{r['traffic_ratio']:.2f}", f"{r['dram_ratio']:.2f}",
+                      f"{_sector_ratio(r):.2f}"]
             cells += [f"{r['roofline_us'][g]:.1f}" for g in GPUS] + [err]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _sector_ratio(r: dict) -> float:
+    """Bytes of the sectors the warps move per byte they access (1.0: coalesced)."""
+    return r["sector_bytes"] / r["global_bytes"] if r["global_bytes"] else 1.0
 
 
 def _mb(n: int | None) -> str:

@@ -101,6 +101,7 @@ class FlowReport:
         return {"kernels": len(r.kernels), "mem_kernels": r.mem_kernels,
                 "stitched_kernels": sum(k.kind is KernelKind.STITCHED for k in self.kernels),
                 "accessed_bytes": r.global_bytes, "dram_bytes": r.dram_bytes,
+                "sector_bytes": r.sector_bytes,
                 "compulsory_bytes": r.compulsory_bytes, "traffic_ratio": r.traffic_ratio,
                 "dram_ratio": r.dram_ratio, "estimated_us": r.roofline_us()}
 
@@ -228,6 +229,7 @@ def total_rows(gpu: str) -> list[tuple[str, Callable[[dict], str]]]:
         ("stitched kernels", lambda t: str(t["stitched_kernels"])),
         ("global bytes accessed", lambda t: format_bytes(t["accessed_bytes"])),
         ("DRAM bytes", lambda t: format_bytes(t["dram_bytes"])),
+        ("L2 sector bytes", lambda t: format_bytes(t["sector_bytes"])),
         ("compulsory bytes", lambda t: format_bytes(t["compulsory_bytes"])),
         ("traffic ratio", lambda t: f"{t['traffic_ratio']:.2f}"),
         ("DRAM ratio", lambda t: f"{t['dram_ratio']:.2f}"),

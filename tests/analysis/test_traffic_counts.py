@@ -253,3 +253,56 @@ def test_loads_in_flight_are_counted_per_synchronising_step() -> None:
 def test_loops_without_synchronisation_keep_every_access_in_flight() -> None:
     kernel = _only_kernel(Add)
     assert kernel.traffic.step_accesses == kernel.traffic.accesses
+
+
+@T.prim_func
+def column_per_lane(a: T.Buffer((64, 512), "float32"), b: T.Buffer((512,), "float32")):
+    """Lane j sums column j: a warp reads 32 neighbouring floats of a row at each step."""
+    for i in T.thread_binding(4, thread="blockIdx.x"):
+        for j in T.thread_binding(128, thread="threadIdx.x"):
+            b[i * 128 + j] = T.float32(0)
+            for k in T.serial(64):
+                b[i * 128 + j] = b[i * 128 + j] + a[k, i * 128 + j]
+
+
+@T.prim_func
+def row_per_lane(a: T.Buffer((512, 64), "float32"), b: T.Buffer((512,), "float32")):
+    """Lane j sums row j: a warp's loads at one step lie a row (256 bytes) apart."""
+    for i in T.thread_binding(4, thread="blockIdx.x"):
+        for j in T.thread_binding(128, thread="threadIdx.x"):
+            b[i * 128 + j] = T.float32(0)
+            for k in T.serial(64):
+                b[i * 128 + j] = b[i * 128 + j] + a[i * 128 + j, k]
+
+
+@T.prim_func
+def half_warp_store(a: T.Buffer((4096,), "float16"), b: T.Buffer((4096,), "float16")):
+    """Threads 0-15 of each warp store eight halves each; the others store nothing."""
+    for i in T.thread_binding(16, thread="blockIdx.x"):
+        for j in T.thread_binding(256, thread="threadIdx.x"):
+            if j % 32 < 16:
+                for v in T.vectorized(8):
+                    b[i * 256 + (j // 32 * 16 + j % 32) * 8 % 256 + v] = a[i * 256 + v]
+
+
+def test_coalesced_lanes_move_the_sectors_they_ask_for() -> None:
+    (k,) = analyze_primfunc(column_per_lane, name="column_per_lane")
+    assert k.traffic.sector_bytes == pytest.approx(k.traffic.global_bytes)
+    assert k.traffic.sector_ratio == pytest.approx(1.0)
+
+
+def test_lanes_a_row_apart_each_move_a_sector() -> None:
+    (k,) = analyze_primfunc(row_per_lane, name="row_per_lane")
+    a = k.traffic.buffers["a"].read_bytes
+    # every lane's 4-byte load of ``a`` takes a 32-byte sector of its own; b is coalesced
+    assert k.traffic.sector_bytes == pytest.approx(8 * a + (k.traffic.global_bytes - a))
+
+
+def test_lanes_guarded_off_are_not_counted_and_vectors_fill_their_sectors() -> None:
+    (k,) = analyze_primfunc(half_warp_store, name="half_warp_store")
+    # 16 lanes store 16 bytes each, side by side: 8 sectors for 256 bytes asked; the loads
+    # of ``a`` are the same 16 bytes for every lane: one sector for 16 x 16 bytes
+    b = k.traffic.buffers["b"].write_bytes
+    a = k.traffic.buffers["a"].read_bytes
+    assert b == 16 * 8 * 16 * 2 * 8
+    assert k.traffic.sector_bytes == pytest.approx(b * 1.0 + a * 32 / (16 * 16))

@@ -97,6 +97,7 @@ class KernelReport:
             "write_bytes": self.traffic.write_bytes,
             "global_bytes": self.traffic.global_bytes,
             "dram_bytes": self.traffic.dram_bytes,
+            "sector_bytes": round(self.traffic.sector_bytes),
             "accesses": self.traffic.accesses,
             "step_accesses": self.traffic.step_accesses,
             "grid_barriers": self.grid_barriers,
@@ -152,6 +153,12 @@ class ModuleReport:
         return sum(k.traffic.dram_bytes for k in self.kernels)
 
     @property
+    def sector_bytes(self) -> int:
+        """Bytes of the 32-byte sectors all kernels' warps move (``traffic``): above
+        ``global_bytes`` where accesses are not coalesced."""
+        return round(sum(k.traffic.sector_bytes for k in self.kernels))
+
+    @property
     def dram_ratio(self) -> float:
         """DRAM bytes over compulsory bytes (1.0 is ideal)."""
         if self.compulsory_bytes == 0:
@@ -182,6 +189,7 @@ class ModuleReport:
             "traffic_ratio": self.traffic_ratio,
             "dram_bytes": self.dram_bytes,
             "dram_ratio": self.dram_ratio,
+            "sector_bytes": self.sector_bytes,
             "roofline_us": self.roofline_us(),
             "per_kernel": [k.to_dict(buffers) for k in self.kernels],
         }

@@ -30,6 +30,15 @@ gives the footprint so the re-read factor shows in the per-buffer breakdown, and
 mask row) reaches DRAM once and is then served by the L2 cache, so its re-reads count as
 ``l2_bytes``; every other byte counts as DRAM traffic.
 
+Sectors: a warp's access moves whole 32-byte sectors between the L2 cache and the SM.
+``sector_bytes`` counts them: for each access, the sectors its first warp touches (the lanes
+laid over threadIdx.x, then y and z; every other loop and block index at its first value;
+lanes its guards turn off left out) per byte that warp asks for, times the access's bytes.
+Consecutive threads on consecutive elements move what they ask for (a ratio of 1); threads
+a row apart each touch a sector of their own (8x for float32, 16x for float16): the L2 and
+L1 traffic, and the latency, of an uncoalesced access, which the byte counts cannot show. An
+index the evaluator cannot follow counts as what it asks for.
+
 Steps: a serial loop whose body synchronises threads (a barrier, or the warp shuffles of a
 cross-thread reduction) runs its iterations one after the other: a thread cannot issue the
 next iteration's loads before the reduction of this one is done (nvcc does not move loads
@@ -42,6 +51,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import tvm
 import tvm_ffi
 from tvm import tirx
@@ -49,7 +59,8 @@ from tvm.sym import Analyzer
 
 from ..lowering import LoweringError, evaluate_int
 from ..schedule.grid_barrier import is_grid_sync
-from .guards import IF_THEN_ELSE, Axis, count_points, reads_memory
+from ..target import WARP_SIZE
+from .guards import IF_THEN_ELSE, Axis, Evaluator, Unsupported, count_points, reads_memory
 
 _ADDRESS_OF = "tirx.address_of"
 # Intrinsics that synchronise threads (a barrier, a warp shuffle): a loop around one runs
@@ -61,6 +72,10 @@ _OPAQUE_MEMORY_OPS = ("cp_async", "cp_reduce", "atomic", "ldg", "bulk", "multime
 
 class AnalysisError(RuntimeError):
     """A kernel or module whose traffic or launches this analysis cannot account for."""
+
+
+SECTOR_BYTES = 32
+"""The unit in which the L2 cache and the SMs move global memory."""
 
 
 L2_RESIDENT_BYTES = 1 << 20
@@ -101,6 +116,7 @@ class KernelTraffic:
     write_bytes: int = 0
     accesses: int = 0
     step_accesses: float = 0.0
+    sector_bytes: float = 0.0
     exact: bool = True
     buffers: dict[str, BufferTraffic] = field(default_factory=dict)
     caveats: list[str] = field(default_factory=list)
@@ -109,6 +125,12 @@ class KernelTraffic:
     def global_bytes(self) -> int:
         """Bytes read plus bytes written."""
         return self.read_bytes + self.write_bytes
+
+    @property
+    def sector_ratio(self) -> float:
+        """Sector bytes per byte accessed (1.0 for coalesced accesses; see the module
+        docstring)."""
+        return self.sector_bytes / self.global_bytes if self.global_bytes else 1.0
 
     @property
     def l2_bytes(self) -> int:
@@ -160,6 +182,7 @@ class _Counter:
         self.seen: dict[tuple[tvm.ir.Var, int], list[tuple[tvm.ir.PrimExpr, ...]]] = {}
         self.binding = False  # the statement before was a Bind: its loads are still counted
         self.name = name
+        self.lanes: dict[tvm.ir.Var, np.ndarray] = {}  # thread index -> its first warp's values
 
     def constant(self, var: tvm.ir.Var) -> int | None:
         value = self.ana.simplify(var)
@@ -187,6 +210,7 @@ class _Counter:
                 self.lets[stmt.node.var] = axes[tag].var  # same hardware index, another name
             else:
                 axes[tag] = Axis(stmt.node.var, 0, extent)
+        self.lanes = _first_warp(axes)
         return tuple(axes.values())
 
     def caveat(self, text: str) -> None:
@@ -210,11 +234,13 @@ class _Counter:
             frame.count = count
         return frame.count
 
-    def access(self, buffer: tvm.ir.Var, dtype: str, frame: _Frame, write: bool) -> None:
+    def access(self, buffer: tvm.ir.Var, dtype: str, index: tvm.ir.PrimExpr | None,
+               frame: _Frame, write: bool) -> None:
         if not is_global(buffer):
             return
         count = self.points(frame)
         nbytes = count * bytes_per_access(dtype)
+        self.result.sector_bytes += nbytes * self.sector_ratio(buffer, dtype, index, frame)
         name = str(buffer.name)
         entry = self.result.buffers.get(name)
         if entry is None:
@@ -228,6 +254,37 @@ class _Counter:
             self.result.read_bytes += nbytes
         self.result.accesses += count
         self.result.step_accesses += count / frame.steps
+
+    def sector_ratio(self, buffer: tvm.ir.Var, dtype: str, index: tvm.ir.PrimExpr | None,
+                     frame: _Frame) -> float:
+        """Sector bytes per byte asked for by the first warp's lanes at this access (1.0 when
+        its index or guards cannot be evaluated, or no lane of that warp runs it)."""
+        if index is None or not self.lanes:
+            return 1.0
+        lanes = 1
+        if isinstance(index, tirx.Ramp):
+            lanes = int(index.lanes) if isinstance(index.lanes, int | tirx.IntImm) else 1
+            index = index.base
+        env = {a.var: np.asarray(a.min) for a in frame.axes}
+        env.update(self.lanes)
+        evaluate = Evaluator(env, self.lets, self.constant)
+        warp = len(next(iter(self.lanes.values())))
+        try:
+            first = np.broadcast_to(evaluate(index), (warp,))
+            active = np.ones(warp, dtype=bool)
+            for guard in frame.guards:
+                active &= np.broadcast_to(evaluate(guard), (warp,)).astype(bool)
+        except (Unsupported, ValueError, TypeError):
+            return 1.0
+        if not active.any():
+            return 1.0
+        size = bytes_per_access(dtype)
+        element = size // lanes
+        starts = first[active].astype(np.int64) * element
+        sectors = np.unique(np.concatenate([
+            (starts + offset) // SECTOR_BYTES for offset in range(0, size, min(size, SECTOR_BYTES))]
+            + [(starts + size - 1) // SECTOR_BYTES]))
+        return len(sectors) * SECTOR_BYTES / (int(active.sum()) * size)
 
     def footprint(self, buffer: tvm.ir.Var) -> int:
         shape = buffer.ty.shape
@@ -244,7 +301,8 @@ class _Counter:
             for s in stmt.seq:
                 self.stmt(s, frame)
         elif isinstance(stmt, tirx.BufferStore):
-            self.access(stmt.buffer, str(stmt.value.ty.dtype), frame, write=True)
+            self.access(stmt.buffer, str(stmt.value.ty.dtype), _flat(stmt.indices), frame,
+                        write=True)
             for index in stmt.indices:
                 self.expr(index, frame)
             self.expr(stmt.value, frame)
@@ -308,9 +366,31 @@ class _Counter:
                                            [])
             if not any(_is_prefix(g, frame.guards) for g in counted):
                 counted.append(frame.guards)
-                self.access(load.source, str(load.ty.dtype), frame, write=False)
+                self.access(load.source, str(load.ty.dtype), _flat(load.indices), frame,
+                            write=False)
         for sub, sub_frame in branches:
             self.expr(sub, sub_frame)
+
+
+def _flat(indices) -> tvm.ir.PrimExpr | None:
+    """The one index of an access to a flattened buffer (None for any other)."""
+    return indices[0] if len(indices) == 1 else None
+
+
+_THREAD_ORDER = ("threadIdx.x", "threadIdx.y", "threadIdx.z")
+
+
+def _first_warp(axes: dict[str, Axis]) -> dict[tvm.ir.Var, np.ndarray]:
+    """The values each thread index takes over the lanes of a block's first warp (lanes
+    run over threadIdx.x first, then y, then z)."""
+    threads = [(axes[t].var, axes[t].extent) for t in _THREAD_ORDER if t in axes]
+    size = min(WARP_SIZE, math.prod(e for _, e in threads)) if threads else 0
+    lane = np.arange(size, dtype=np.int64)
+    values, stride = {}, 1
+    for var, extent in threads:
+        values[var] = lane // stride % extent
+        stride *= extent
+    return values
 
 
 def _synchronises(body: tirx.Stmt) -> bool:
