@@ -17,7 +17,7 @@ from onnx import helper
 from regression_models import model, needs_stitch
 
 from tvm_stitch import verify
-from tvm_stitch.plan import StitchPlan
+from tvm_stitch.plan import BufferRole, StitchPlan, StorageLevel
 from tvm_stitch.schedule.decisions.tiles import choose_tiles, column_tile_options
 from tvm_stitch.schedule.phases import BlockRole, Roles
 from tvm_stitch.testing.differential import check_model
@@ -55,3 +55,20 @@ def test_column_tiles_are_not_taken_over_an_input_staged_per_row(shape: list[int
     outcome = check_model(built, "stitch", triage=False)
     assert outcome.kind == "ok" and not outcome.fallbacks, (outcome.error, outcome.fallbacks)
     assert outcome.violations == []
+
+
+def test_partial_sums_too_large_whole_take_column_tiles_before_registers() -> None:
+    # fuzz graph 3301:40: a sum over the leading axis of (8, 12, 64, 64), 8 rows of 49152
+    # columns. Whole, the partial sums of a row tile take 196 KB, over a quarter of the
+    # shared budget, and they were kept in registers, 48 per thread: one row tile, one task,
+    # one block of the GPU's 132 doing all the reading. In 48 tiles of 1024 columns they
+    # take 4 KB each, one column per thread, on 48 blocks.
+    built = model([helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=0)],
+                  {"x": [8, 12, 64, 64]}, {"y": [12, 64, 64]}, {"axes": np.array([0])})
+    (group,) = StitchPlan.of_module(verify.compile_model(built, "stitch")).groups
+    (accumulator,) = [b for b in group.buffers if b.role is BufferRole.ACCUMULATOR]
+    assert (accumulator.level, accumulator.registers) == (StorageLevel.SHARED, 0)
+    assert 1024 * 4 <= accumulator.shared_bytes <= 1024 * 4 + 1024  # a tile's sums
+    assert group.phases[0].tasks == 48 and group.phases[0].column_tiles == 48
+    outcome = check_model(built, "stitch", triage=False)
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)

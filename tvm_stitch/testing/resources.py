@@ -12,7 +12,8 @@ architecture (``nvcc -Xptxas -v`` on TVM's CUDA source for that architecture, re
 - no register spills (stores or loads); no local memory (stack frame) at all in a stitched
   kernel, at most ``MAX_STACK_BYTES`` per thread in one TVM scheduled;
 - in a stitched kernel, no thread-local array (``alloc_local`` in its TIR) with more elements
-  than the plan's register budget for the group (``occupancy.cached_elements_cap``);
+  than the plan's register budget for the group (``occupancy.cached_elements_cap``, or the
+  partial sums its plan keeps in registers where they are more);
 - kernels with a grid barrier: at most one wave of blocks (every block resident at once, or
   the barrier deadlocks), from the occupancy of the kernel's threads, registers and shared
   memory on the architecture's GPU; for a stitched kernel, on the GPU its plan was made for
@@ -44,7 +45,7 @@ from ..analysis.ptxas import BuildError
 from ..analysis.report import call_arguments
 from ..analysis.traffic import AnalysisError
 from ..lowering import KernelLaunch, LoweredFunc, lower
-from ..plan import GROUP_ATTR, Launch, Scheme, StitchPlan
+from ..plan import GROUP_ATTR, BufferRole, Launch, Scheme, StitchPlan
 from ..schedule.cluster import has_clusters
 from ..schedule.grid_barrier import GRID_SYNC
 from ..schedule.occupancy import blocks_per_sm, cached_elements_cap
@@ -180,6 +181,19 @@ def _planned_launches(plan: StitchPlan | None) -> dict[str, Launch]:
     return {} if plan is None else {g.function: g.launch for g in plan.groups if g.launch}
 
 
+def _register_budgets(plan: StitchPlan | None) -> dict[str, int]:
+    """The elements a thread of each stitched function may keep in a thread-local array:
+    the cap of its cached elements (``occupancy.cached_elements_cap``), or the partial sums
+    its plan keeps in registers where they are more (each takes one register, where a
+    cached element is budgeted two: ``occupancy.cached_room``)."""
+    if plan is None:
+        return {}
+    return {g.function: max(cached_elements_cap(g.launch),
+                            sum(b.registers for b in g.buffers
+                                if b.role is BufferRole.ACCUMULATOR))
+            for g in plan.groups if g.launch}
+
+
 def _check(arch: str, func: str, launch: KernelLaunch, ana: Analyzer,
            res: KernelResources | None, grid_barrier: bool, stitched: bool,
            local: dict[str, int], budget: int, planned_gpu: str = "") -> KernelCheck:
@@ -242,6 +256,7 @@ def check_resources(scheduled: IRModule, plan: StitchPlan | None = None,
         compiled = dict(zip(sources, pool.map(lambda job: _built(*job), sources),
                             strict=True))
     planned = _planned_launches(plan)
+    budgets = _register_budgets(plan)
     checks = []
     for arch, func, launch, ana, lowered in launches:
         built = compiled[lowered.source(), arch]
@@ -249,7 +264,7 @@ def check_resources(scheduled: IRModule, plan: StitchPlan | None = None,
                        built.get(launch.kernel) if isinstance(built, dict) else None,
                        func in barriers, func in stitched,
                        local_arrays(lowered.kernel(launch.kernel)),
-                       cached_elements_cap(planned[func]) if func in planned else 0,
+                       budgets.get(func, 0),
                        planned[func].gpu if func in planned else "")
         if isinstance(built, str):
             check.problems[:] = [f"does not build for {arch}: {built}",

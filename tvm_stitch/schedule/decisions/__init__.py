@@ -269,7 +269,13 @@ def _decide_moves(func: tirx.PrimFunc, group: Group, rows: int | None,
             except (Unstitchable, ValueError) as err:
                 logger.debug("no block per row for %s: %s", group.ops, error_summary(err))
                 return best
-            return per_row if _fewer_bytes(per_row, best, SPLIT_EXTRA_BYTES) else best
+            fewer = _fewer_bytes(per_row, best, SPLIT_EXTRA_BYTES)
+            if fewer and target is not None and _estimate_us(per_row, gpu) \
+                    > SPLIT_FASTER * estimates[best.group.mapping.threads_per_block]:
+                logger.debug("split of %s kept: a block per row moves fewer bytes but is "
+                             "estimated slower", group.ops)
+                fewer = False
+            return per_row if fewer else best
         done = _block_per_row(func, sch, group, rows, budget, max_threads, gpu)
     return _built(fused, done, target, gpu)
 
@@ -288,6 +294,13 @@ SPLIT_EXTRA_BYTES = 0.1
 """A split row group gives way to a block per row that is counted with at least this
 fraction fewer bytes: one that reads an input again in a later phase, not one that only adds
 its partials (a few KB)."""
+
+
+SPLIT_FASTER = 2.0
+"""A block per row that moves fewer bytes still gives way to a split estimated this many times
+faster (few rows on few SMs: two rows of 30000 on two blocks of 1024 threads, 20.7 us, where
+the split reading an input in each phase takes 5.6 us, and kept 30 elements of it per thread
+in registers, beside its element-wise ops, and spilled 424 B; fuzz graph 3301:327)."""
 
 
 def _fewer_bytes(a: Decided, b: Decided, margin: float) -> bool:

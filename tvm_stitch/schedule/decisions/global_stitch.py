@@ -13,6 +13,7 @@ from ...analysis.roofline import GPU
 from ...plan import (
     Buffer,
     BufferRole,
+    Choices,
     Demotion,
     DemotionKind,
     Group,
@@ -139,7 +140,8 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
     sch = combine_per_reader(sch, func)
     roles = assign_roles(sch, rows)
     infos = _row_infos(sch, rows, roles)
-    check_alignment(sch, infos, rows, among_rows=True, writes=split == 1)
+    check_alignment(sch, infos, rows, among_rows=True, permuted=group.permuted_outputs,
+                    writes=split == 1)
     columns = {name: column_view(sch, sch.get_sblock(name)) for name in roles.columns}
     decide_staging(sch, func, {**infos, **columns}, rows, dec, roles.levels)
     choices = group.choices
@@ -155,17 +157,23 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
                             max(per_row, WARP_SIZE),
                             rows_expr=_rows_expr(columns) if symbolic else "")
     _keep_partials_global(sch, roles, dec)
-    accumulators = {name: roles.columns[name] * bytes_of(sch.get(sch.get_sblock(name)).writes[0]
-                                                          .source)
-                    for name in roles.columns}
+    elements = {name: bytes_of(sch.get(sch.get_sblock(name)).writes[0].source)
+                for name in roles.columns}
+    accumulators = {name: roles.columns[name] * elements[name] for name in roles.columns}
     needed = sum(accumulators.values())
     in_registers: dict[str, int] = {}  # column reduction -> partial sums per thread
-    if budget - needed < budget * 3 // 4:
+    tiled = _tiles_for_sums(sch, roles, dec, mapping, choices, symbolic, accumulators,
+                            elements, budget, gpu, rows * length) \
+        if needed > budget // 4 else 1
+    if tiled == 1 and needed > budget // 4:
         in_registers = _partial_sums_in_registers(sch, roles, mapping)
         dec.demotions.append(Demotion(DemotionKind.PARTIAL_SUMS_IN_REGISTERS,
                                       after=sum(in_registers.values()), used=needed,
                                       budget=budget))
         accumulators = {n: size for n, size in accumulators.items() if n not in in_registers}
+    else:
+        accumulators = {n: _tiled(size, tiled, mapping, elements[n])
+                        for n, size in accumulators.items()}
     available = budget - sum(accumulators.values())
     reserve = _kept_reserve(sch, func, roles, infos, mapping, rows, dec, available, gpu) \
         if split > 1 else 0
@@ -182,14 +190,10 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
     # Nor do registers, which hold a thread's columns of every row of its tile. An input
     # staged per row is copied by the whole block at each row, where lanes would take parts
     # of the tile's rows (fuzz graph 7321:1486, exp(x - x) of a softmax over a unit axis).
-    options = chosen_column_tiles([] if dec.block_shared or in_registers or symbolic
-                                  else column_tile_options(roles, mapping.threads_per_block,
-                                                           lanes=not dec.staged),
-                                  choices)
+    options = [] if in_registers else _column_tiles(sch, roles, dec, mapping, choices, symbolic)
     most = max(options, default=1)
-    accumulators = {name: size // most + (mapping.threads_per_block * bytes_of(
-        sch.get(sch.get_sblock(name)).writes[0].source) if most > 1 else 0)
-        for name, size in accumulators.items()}
+    accumulators = {name: _tiled(roles.columns[name] * elements[name], max(most, tiled),
+                                 mapping, elements[name]) for name in accumulators}
     staged = _phase_inputs(sch, roles, rows, budget - shared_bytes_of(dec, mapping)
                            - sum(accumulators.values()))
     shared = shared_bytes_of(dec, mapping) + sum(accumulators.values()) \
@@ -296,6 +300,52 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
                    demotions=tuple(dec.demotions), launch=launch, phases=phases,
                    unrolled=unrolled)
 
+
+
+def _column_tiles(sch: s_tir.Schedule, roles: Roles, dec: Decisions, mapping: ThreadMapping,
+                  choices: Choices, symbolic: bool) -> list[int]:
+    """The column tile options of the row phases (``tiles.column_tile_options``), narrowed
+    to the choices'. An input staged once per block covers the block's whole rows, not a
+    tile of its columns (tiling columns then read the staged copy at the wrong columns). An
+    input staged per row is copied by the whole block at each row, where lanes would take
+    parts of the tile's rows (fuzz graph 7321:1486, exp(x - x) of a softmax over a unit
+    axis). Nor do registers, which hold a thread's columns of every row of its tile: the
+    caller asks only before it keeps partial sums there."""
+    if dec.block_shared or symbolic:
+        return chosen_column_tiles([], choices)
+    return chosen_column_tiles(column_tile_options(roles, mapping.threads_per_block,
+                                                   lanes=not dec.staged), choices)
+
+
+def _tiled(size: int, tiles: int, mapping: ThreadMapping, element: int) -> int:
+    """Shared bytes of an accumulator of ``size`` bytes over a row tile's columns, when a
+    task takes one of ``tiles`` tiles of them: its share, and with column tiles a slot per
+    thread for the lanes' sums (of ``element`` bytes)."""
+    return size // tiles + (mapping.threads_per_block * element if tiles > 1 else 0)
+
+
+def _tiles_for_sums(sch: s_tir.Schedule, roles: Roles, dec: Decisions, mapping: ThreadMapping,
+                    choices: Choices, symbolic: bool, accumulators: dict[str, int],
+                    elements: dict[str, int], budget: int, gpu: GPU, size: int) -> int:
+    """Column tiles per row tile that ``choose_tiles`` takes for accumulators too large for
+    a quarter of the shared budget whole (``accumulators``: bytes over a row tile's
+    columns), when their tiles fit it; else 1 (the partial sums are then kept in
+    registers). A task on a tile of the columns keeps its sums of a tile on chip: eight
+    rows of 49152 columns (a sum over the leading axis of (8, 12, 64, 64)) are 48 tiles of
+    4 KB, where one task per row tile kept 48 sums per thread in registers, on one block."""
+    options = _column_tiles(sch, roles, dec, mapping, choices, symbolic)
+    if not options:
+        return 1
+    for tiles in options:
+        shared = sum(_tiled(a, tiles, mapping, elements[n]) for n, a in accumulators.items())
+        if shared > budget // 4:
+            continue
+        wave = launch_of(gpu, mapping.threads_per_block,
+                         shared_bytes_of(dec, mapping) + shared).wave
+        if choose_tiles([tiles], roles, mapping.rows, mapping.threads_per_block, wave,
+                        size)[1] == tiles:
+            return tiles
+    return 1
 
 def _kept_reserve(sch: s_tir.Schedule, func: tirx.PrimFunc, roles: Roles,
                   infos: dict[str, BlockRows], mapping: ThreadMapping, rows: int,
