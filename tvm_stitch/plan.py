@@ -41,6 +41,7 @@ class MappingKind(StrEnum):
 
     BLOCK_PER_ROW = "block-per-row"  # more than a warp per long row, one row per block or packed
     WARP_PER_ROW = "warp-per-row"  # a warp (or sub-warp) per short row, rows packed per block
+    STRIDED_ROWS = "strided-rows"  # rows a stride long, side by side: rows on threadIdx.x
     FLAT = "flat"  # no reduction: one element per thread
     ROW_WALK = "row-walk"  # no reduction: a thread owns a vector of columns and walks rows
 
@@ -186,7 +187,10 @@ class ThreadMapping:
 
     A thread block holds ``rows_per_block`` rows at a time (threadIdx.y, horizontal packing)
     with ``threads_per_row`` threads on each (threadIdx.x), and walks ``row_steps`` such
-    groups of rows in sequence (vertical packing). Element-wise blocks access ``vector``
+    groups of rows in sequence (vertical packing). A STRIDED_ROWS mapping swaps the two:
+    consecutive rows on threadIdx.x, a row's threads on threadIdx.y (rows whose elements lie
+    a stride apart and whose consecutive rows lie side by side, so that a warp's accesses at
+    one element of its rows are contiguous). Element-wise blocks access ``vector``
     consecutive elements at once (vectorised loads and stores). For a FLAT mapping a row is
     one element and ``rows_per_block`` threads run on threadIdx.x, each on ``vector``
     elements. For a ROW_WALK mapping (an element-wise group) each thread owns ``vector``

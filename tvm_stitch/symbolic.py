@@ -37,6 +37,14 @@ def shape_vars(exprs) -> list[tvm.ir.Var]:
     return found
 
 
+def substitute(expr: tvm.ir.PrimExpr, vmap: dict) -> tvm.ir.PrimExpr:
+    """``expr`` with each variable that is a key of ``vmap`` replaced by its value."""
+    def on_var(var: tvm.ir.Var) -> tvm.ir.PrimExpr:
+        return next((new for old, new in vmap.items() if var.same_as(old)), var)
+
+    return tvm_ffi.structural_map(expr, [(tvm.ir.Var, on_var)])
+
+
 def shape_var_names(exprs) -> set[str]:
     """Names of the shape variables in the expressions ``exprs``."""
     return {str(v.name) for v in shape_vars(exprs)}

@@ -137,6 +137,15 @@ class OpGroup:
         """The member nodes in topological order."""
         return [self.graph.nodes[i] for i in self.members]
 
+    @property
+    def permuted_sinks(self) -> tuple[str, ...]:
+        """Labels of the transposes that joined the group's rows as permuted writes
+        (``_permuted_sink``): they read a member and no member reads them."""
+        inside = set(self.members)
+        return tuple(n.label for n in self.nodes
+                     if self.rows is not None and n.info.copy is Copy.PERMUTED
+                     and set(n.producers) & inside and not set(n.consumers) & inside)
+
 
 @dataclass
 class Grouping:
@@ -338,16 +347,18 @@ def output_sizes(graph: DataflowGraph, members: int) -> set[int]:
     return sizes
 
 
-def _merge(quotient: _Quotient, a: _Cluster, b: _Cluster, ua: int, ub: int
-           ) -> tuple[_Cluster | None, str]:
-    """Clusters ``a`` (unit ``ua``) and ``b`` (unit ``ub``) merged, or None and why not."""
+def _merge(quotient: _Quotient, a: _Cluster, b: _Cluster, ua: int, ub: int,
+           sink: bool = False) -> tuple[_Cluster | None, str]:
+    """Clusters ``a`` (unit ``ua``) and ``b`` (unit ``ub``) merged, or None and why not.
+    A ``sink`` (``b``, a transpose that writes ``a``'s rows across its output, read by no
+    cluster) need not split into ``a``'s rows."""
     rows = a.rows if a.rows is not None else b.rows
     if a.rows is not None and b.rows is not None and a.rows != b.rows:
         return None, f"different row counts ({a.rows} and {b.rows})"
     wholes = {w for w in (a.whole, b.whole) if w is not None}
     if len(wholes) > 1 or (rows is not None and wholes and wholes != {rows}):
         return None, "a reduction to one value over other rows"
-    counts = _common_counts(a.row_counts, b.row_counts)
+    counts = a.row_counts if sink else _common_counts(a.row_counts, b.row_counts)
     split = _common_counts(a.split_counts, b.split_counts)
     if rows is None:
         if len(output_sizes(quotient.graph, a.members | b.members)) != 1:
@@ -369,9 +380,10 @@ def _emittable(c: _Cluster) -> bool:
     return c.members & (c.members - 1) != 0
 
 
-def _try_merge(quotient: _Quotient, clusters: dict[int, _Cluster], a: int, b: int) -> str:
+def _try_merge(quotient: _Quotient, clusters: dict[int, _Cluster], a: int, b: int,
+               sink: bool = False) -> str:
     """Merge unit ``b`` into unit ``a`` when legal; empty string if merged, else why not."""
-    merged, why = _merge(quotient, clusters[a], clusters[b], a, b)
+    merged, why = _merge(quotient, clusters[a], clusters[b], a, b, sink)
     if merged is None:
         return why
     quotient.union(a, b)
@@ -433,15 +445,29 @@ def _merge_along_edges(graph: DataflowGraph, quotient: _Quotient,
                 a, b = quotient.find(p), quotient.find(node.index)
                 if a == b or a not in clusters or b not in clusters:
                     continue
+                sink = False
                 if node.info.copy is Copy.PERMUTED and clusters[a].rows is not None:
-                    continue  # a transpose of the innermost axis writes across the rows
-                why = _try_merge(quotient, clusters, a, b)
+                    # a transpose of the innermost axis writes across the rows: only as the
+                    # last op of the kernel, a permuted write (``row_permutation``)
+                    if not _permuted_sink(quotient, clusters, node):
+                        continue
+                    sink = True
+                why = _try_merge(quotient, clusters, a, b, sink)
                 if not why:
                     changed = True
                 elif why.startswith("cycle"):
                     refusals.append(_refusal(graph, clusters[a], clusters[b], why))
         if not changed:
             return refusals
+
+
+def _permuted_sink(quotient: _Quotient, clusters: dict[int, _Cluster], node) -> bool:
+    """Whether the transpose ``node`` may join the row cluster of what it reads as a permuted
+    write: no memory-intensive op reads its result (it is an output, or a matmul's
+    operand), so no block of the kernel reads what it writes across the rows. A softmax over
+    the middle axis of (B, T, E), rewritten as one over the rows (b, e) of a transposed view
+    (``MixedReduction``), is then one kernel writing its result back in place."""
+    return not node.consumers or all(quotient.find(c) not in clusters for c in node.consumers)
 
 
 def _merge_remote(graph: DataflowGraph, quotient: _Quotient, clusters: dict[int, _Cluster]

@@ -235,7 +235,7 @@ def rewritten(func: tirx.PrimFunc, group: Group) -> Rewritten:
     if group.mapping.kind not in (MappingKind.FLAT, MappingKind.ROW_WALK) \
             and not group.mapping.rows_expr:
         func = rows_first(func, group.mapping.rows // (group.row_split or 1))
-    if group.permuted_copies:
+    if group.permuted_copies or group.permuted_outputs:
         func, moves = permute_rows(func, keep_transposes=bool(group.transposed_copies))
         planned = RowPermutation(group.permuted_copies, group.permuted_outputs,
                                  group.transposed_copies)
@@ -494,7 +494,7 @@ def _bind_at_step(sch: s_tir.Schedule, mapping: ThreadMapping,
             # between accesses of one index that varies with a thread (threadIdx.y), so
             # t5_block's embedding rows packed 6 per block read stale ids and faulted on an
             # H200. (With a row per block the index is constant, and TVM syncs.)
-            sch.bind(loops[0], "threadIdx.y")
+            sch.bind(loops[0], _row_thread(mapping))
             continue
         _bind_threads(sch, mapping, loops[0],
                       _element_loop(sch, block, loops[1], mapping, scalar, vector_reads))
@@ -568,11 +568,18 @@ def _thread_loop(sch: s_tir.Schedule, elem: LoopRV, mapping: ThreadMapping) -> L
     return thread
 
 
+def _row_thread(mapping: ThreadMapping) -> str:
+    """The thread index over the rows of a block: threadIdx.x for strided rows (consecutive
+    rows on consecutive lanes), else threadIdx.y."""
+    return "threadIdx.x" if mapping.kind is MappingKind.STRIDED_ROWS else "threadIdx.y"
+
+
 def _bind_threads(sch: s_tir.Schedule, mapping: ThreadMapping, row_in_block: LoopRV | None,
                   thread: LoopRV) -> None:
-    if mapping.rows_per_block > 1 and row_in_block is not None:
-        sch.bind(row_in_block, "threadIdx.y")
-    sch.bind(thread, "threadIdx.x")
+    strided = mapping.kind is MappingKind.STRIDED_ROWS
+    if (mapping.rows_per_block > 1 or strided) and row_in_block is not None:
+        sch.bind(row_in_block, _row_thread(mapping))
+    sch.bind(thread, "threadIdx.y" if strided else "threadIdx.x")
 
 
 def _rewritten_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group) -> Rewritten:

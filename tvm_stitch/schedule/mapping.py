@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..analysis.roofline import GPU, gpu_of_arch
+from ..analysis.traffic import SECTOR_BYTES
 from ..plan import MappingKind, ThreadMapping
 from ..symbolic import is_symbolic
 from ..target import MAX_THREADS_PER_BLOCK, WARP_SIZE
@@ -87,6 +88,31 @@ def row_mapping(rows: int, row_length: int, divisor: int | None = 1,
     while packed > 1 and divisor is not None and divisor % packed:
         packed //= 2
     return ThreadMapping(MappingKind.WARP_PER_ROW, rows, row_length, packed, per_row)
+
+
+def strided_row_mapping(rows: int, row_length: int, max_threads: int = MAX_THREADS_PER_BLOCK,
+                        gpu: GPU = DEFAULT_GPU, element_bytes: int = 4) -> ThreadMapping:
+    """The mapping for ``rows`` strided rows of ``row_length`` elements: rows whose elements
+    lie a stride apart in memory while consecutive rows lie side by side (a reduction over
+    the middle axis of ``(B, T, E)``, read through a transposed view: rows ``(b, e)``,
+    elements ``t``). Consecutive threads (threadIdx.x) take consecutive rows, at least a
+    sector's worth of elements of ``element_bytes`` (8 float32), so that their accesses at
+    one element fill whole sectors, where threads along a row would each touch a sector of
+    their own; each row gets ``threads_per_row`` threads (threadIdx.y) that split its
+    elements and combine through shared memory: as many as fill the GPU, while each keeps
+    ``ACCESSES_PER_THREAD`` elements (one for rows shorter than that), within a block. A
+    block takes ``BLOCK_THREADS`` threads, or the least rows' threads if more, and fewer
+    while the blocks do not cover the SMs, down to a warp. Accesses are of one element (a
+    row's elements are not contiguous)."""
+    least = max(1, SECTOR_BYTES // element_bytes)
+    fill = _pow2_ceil(-(-(gpu.sms * gpu.max_threads_per_sm) // rows))
+    per_row = max(1, min(fill, _pow2_floor(max(row_length // ACCESSES_PER_THREAD, 1)),
+                         max_threads // least))
+    lanes = min(_pow2_ceil(rows), max(least, BLOCK_THREADS // per_row), max_threads // per_row)
+    fewest = min(lanes, max(least, WARP_SIZE // per_row))  # a warp of threads at least
+    while lanes > fewest and -(-rows // lanes) < gpu.sms:
+        lanes //= 2
+    return ThreadMapping(MappingKind.STRIDED_ROWS, rows, row_length, lanes, per_row)
 
 
 MAX_ROW_STEPS = 1024

@@ -147,8 +147,6 @@ def permute_rows(func: tirx.PrimFunc, keep_transposes: bool = False
     what was rewritten (``func`` itself and a record of nothing inlined when nothing was)."""
     sch = s_tir.Schedule(func)
     chain, kept = _chain_copies(sch, func, keep_transposes)
-    if not chain:
-        return func, RowPermutation(kept=tuple(kept))
     for name in chain:
         inline(sch, sch.get_sblock(name))
     params = {p.name for p in func.params}
@@ -167,6 +165,8 @@ def permute_rows(func: tirx.PrimFunc, keep_transposes: bool = False
         except Exception:  # noqa: BLE001 - not a bijection: leave the block as it is
             continue
         moved.append(name_of(sch, block))
+    if not chain and not moved:
+        return func, RowPermutation(kept=tuple(kept))
     outputs = tuple(sch.get(sch.get_sblock(n)).writes[0].source.name for n in moved)
     return _own_row_reads(sch.mod["main"], moved), RowPermutation(tuple(chain), outputs,
                                                                   tuple(kept))

@@ -20,7 +20,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir.schedule import SBlockRV
 from tvm.sym import Analyzer
 
-from ..symbolic import dim_value, is_symbolic, shape_values
+from ..symbolic import dim_value, is_symbolic, shape_values, substitute
 
 
 class Unstitchable(Exception):
@@ -240,6 +240,23 @@ def permuted_row(info: BlockRows, region: tvm.ir.TensorRegion, rows: int) -> boo
     return len(mapped.indices) == 1
 
 
+def permuted_elements(info: BlockRows, region: tvm.ir.TensorRegion) -> bool:
+    """Whether the access touches one element of its buffer per point of the block, a
+    one-to-one function of all the block's iterators (a transpose back written from the
+    rows it transposes: ``y[b, t, e]`` from the rows ``(b, e)`` of elements ``t``). Each
+    element of the buffer is then its own point's alone, wherever its row lies."""
+    dims = list(region.region)
+    ana = _bound(info)
+    if not dims or any(_has_load(r.min) for r in dims) \
+            or not all(ana.can_prove_equal(r.extent, 1) for r in dims):
+        return False
+    domain = {i.var: _range(i) for i in info.iters}
+    index = _row_index([r.min for r in dims], list(region.source.shape))
+    mapped = tvm.sym.detect_iter_map([index], domain, check_level="bijective",
+                                     analyzer=Analyzer())
+    return len(mapped.indices) == 1
+
+
 def reads_own_element(info: BlockRows, region: tvm.ir.TensorRegion, rows: int) -> bool:
     """Whether the access reads, in its own row, exactly the element the block is at (both
     counted row-major), as ``x[i, k]`` in a block over ``(i, k)`` does: a thread that walks
@@ -290,6 +307,34 @@ def reads_own_position(info: BlockRows, region: tvm.ir.TensorRegion) -> bool:
     if theirs.ty.dtype != mine.ty.dtype:
         theirs = tirx.Cast(str(mine.ty.dtype), theirs)
     return ana.can_prove_equal(theirs, mine)
+
+
+def address_strides(info: BlockRows, region: tvm.ir.TensorRegion
+                    ) -> tuple[int | None, int | None]:
+    """How far apart, in elements of its buffer (counted row-major), a point access of
+    ``info``'s block lands when the block's innermost row iterator of more than one value
+    steps by one, and when its innermost such element iterator does: (row stride, element
+    stride), 0 where the access does not move with that iterator (or there is none), None
+    where the stride is no constant or the access is not a point. ``x[b, t, e]`` read by a
+    block over the rows ``(b, e)`` and the elements ``t`` of ``(B, T, E)`` moves by 1 with
+    the row and by ``E`` with the element: a strided row."""
+    dims = list(region.region)
+    ana = _bound(info)
+    shape = list(region.source.shape)
+    if not dims or any(_has_load(r.min) for r in dims) \
+            or not all(ana.can_prove_equal(r.extent, 1) for r in dims):
+        return None, None
+    address = _row_index([r.min for r in dims], shape)
+
+    def stride(iters: tuple[Iter, ...]) -> int | None:
+        moving = [i.var for i in iters if i.extent != 1]
+        if not moving:
+            return 0
+        var = moving[-1]
+        step = ana.simplify(substitute(address, {var: var + 1}) - address)
+        return int(step) if isinstance(step, tirx.IntImm) else None
+
+    return stride(info.row_iters), stride(info.element_iters)
 
 
 def rows_sharing(info: BlockRows, region: tvm.ir.TensorRegion) -> int:

@@ -154,7 +154,30 @@ def _pooled_softmaxes(func: relax.Function) -> set[relax.Call]:
     return found
 
 
-def _is(call: relax.Call, table: dict) -> bool:
+_COMPUTE = frozenset({"relax.matmul", "relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d"})
+"""Ops whose kernels are not stitched: a transpose that only they read is no op's row."""
+
+
+def _sink_softmaxes(func: relax.Function) -> set[relax.Call]:
+    """The softmax calls of ``func`` whose result no memory-intensive op reads (it is
+    returned, or read by matmuls only): transposed back, the transpose is the last op of
+    the softmax's kernel, written in place (``grouping._permuted_sink``)."""
+    bound = _bound(func)
+    read: dict[relax.Var, list[relax.Expr]] = {}
+    for value in bound.values():
+        args = value.args if isinstance(value, relax.Call) else \
+            value.fields if isinstance(value, relax.Tuple) else [value]
+        for arg in args:
+            if isinstance(arg, relax.Var):
+                read.setdefault(arg, []).append(value)
+    return {value for var, value in bound.items()
+            if isinstance(value, relax.Call) and _is(value, _SOFTMAX)
+            and all(isinstance(user, relax.Tuple | relax.Var)
+                    or (isinstance(user, relax.Call) and _is(user, _COMPUTE))
+                    for user in read.get(var, []))}
+
+
+def _is(call: relax.Call, table: dict | frozenset) -> bool:
     return isinstance(call.op, tvm.ir.Op) and call.op.name in table
 
 
@@ -165,6 +188,7 @@ class _MixedReduction(relax.PyExprMutator):
 
     outputs: list[relax.Var] = []
     pooled: set[relax.Call] = set()
+    sinks: set[relax.Call] = set()
 
     def visit_function_(self, func: relax.Function) -> relax.Expr:
         """``func`` rewritten, knowing the variables it returns and the softmaxes a
@@ -172,16 +196,17 @@ class _MixedReduction(relax.PyExprMutator):
         seq = isinstance(func.body, relax.SeqExpr)
         self.outputs = _function_outputs(func) if seq else []
         self.pooled = _pooled_softmaxes(func) if seq else set()
+        self.sinks = _sink_softmaxes(func) if seq else set()
         return super().visit_function_(func)
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         """The transposed form of a mixed reduction or softmax; other calls unchanged."""
-        pooled = call in self.pooled
+        pays = call in self.pooled or call in self.sinks
         call = super().visit_call_(call)
         if _is(call, REDUCTIONS):
             return self._reduction(call)
         if _is(call, _SOFTMAX):
-            return self._softmax(call, pooled)
+            return self._softmax(call, pays)
         return call
 
     def _view(self, data: relax.Expr, dims: list[int | None], perm: list[int],
@@ -292,16 +317,19 @@ class _MixedReduction(relax.PyExprMutator):
         return relax.op.reshape(self.builder_.emit(result, name_hint="reduced"),
                                 call.ty.shape)
 
-    def _softmax(self, call: relax.Call, pooled: bool) -> relax.Expr:
+    def _softmax(self, call: relax.Call, pays: bool) -> relax.Expr:
         """A softmax over a middle axis as one over the last axis of a transposed view,
         transposed back. Only where that saves more than the transpose back costs: the
         input is made by element-wise ops (they stitch into the softmax's kernel through
-        the view, where TVM runs them as a kernel of their own), or a reduction over the
-        same axis reads the result (``pooled``: the two transposes cancel), or the
-        transposes only move axes of extent 1 (views). Else the transpose back would be a
-        kernel of its own after the one TVM makes of the softmax
-        (softmax over the channels of (2, 64, 256): 2 kernels and 1.25x TVM's bytes), and
-        the softmax is left as it is."""
+        the view, where TVM runs them as a kernel of their own), or ``pays``: a reduction
+        over the same axis reads the result (the two transposes cancel), or no
+        memory-intensive op does (the transpose back is the last op of the softmax's
+        kernel, written in place: one kernel reading and writing each element once, in
+        strided rows that a warp reads side by side, where TVM's kernel reads its input
+        twice, each lane a sector of its own), or the transposes only move axes of extent 1
+        (views). Else the transpose back would be a kernel of its own after the one TVM
+        makes of the softmax (softmax over the channels of (2, 64, 256): 2 kernels and 1.25x
+        TVM's bytes), and the softmax is left as it is."""
         data = call.args[0]
         dims = _static_dims(data)
         if dims is None:
@@ -313,7 +341,7 @@ class _MixedReduction(relax.PyExprMutator):
         perm = [a for a in range(len(dims)) if a != axis] + [axis]
         view = None not in dims and [a for a in perm if dims[a] != 1] == sorted(
             a for a in perm if dims[a] != 1)  # a reshape both ways (``_permuted``)
-        if not (pooled or view) and _read_through(self, data, self.outputs):
+        if not (pays or view) and _read_through(self, data, self.outputs):
             return call
         moved = self._view(data, dims, perm, "softmax_view")
         if moved is None:

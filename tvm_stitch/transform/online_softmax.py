@@ -28,6 +28,8 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
+from ..symbolic import substitute
+
 _FLOATS = ("float16", "float32", "float64")
 
 
@@ -154,7 +156,7 @@ def _match_sum(high: s_tir.SBlock, store: tirx.BufferStore, x: tvm.ir.PrimExpr,
     """The pair of ``high`` (its update ``store`` takes the maximum with ``x``) and
     ``total`` (adding ``term``) when ``term`` is ``exp(x - m[i])`` at the same element."""
     to_sum = _iter_map(high, total)
-    maximum = tirx.BufferLoad(store.buffer, [_substitute(i, to_sum) for i in store.indices])
+    maximum = tirx.BufferLoad(store.buffer, [substitute(i, to_sum) for i in store.indices])
     exponentials = ""
     if isinstance(term, tvm.ir.TensorLoad) and term.source.name in writers:
         producer = writers[term.source.name]
@@ -163,19 +165,12 @@ def _match_sum(high: s_tir.SBlock, store: tirx.BufferStore, x: tvm.ir.PrimExpr,
                 or len(value.indices) != len(term.indices) \
                 or not all(isinstance(i, tvm.ir.Var) for i in value.indices):
             return None
-        term = _substitute(value.value, dict(zip(value.indices, term.indices, strict=True)))
+        term = substitute(value.value, dict(zip(value.indices, term.indices, strict=True)))
         exponentials = producer.name_hint
     exponent = _exponent_of(term, maximum)
-    if exponent is None or not tvm_ffi.structural_equal(exponent, _substitute(x, to_sum)):
+    if exponent is None or not tvm_ffi.structural_equal(exponent, substitute(x, to_sum)):
         return None
     return OnlinePair(high.name_hint, total.name_hint, exponentials)
-
-
-def _substitute(expr: tvm.ir.PrimExpr, vmap: dict) -> tvm.ir.PrimExpr:
-    def on_var(var: tvm.ir.Var) -> tvm.ir.PrimExpr:
-        return next((new for old, new in vmap.items() if var.same_as(old)), var)
-
-    return tvm_ffi.structural_map(expr, [(tvm.ir.Var, on_var)])
 
 
 def with_online_softmax(func: tirx.PrimFunc, maxima: tuple[str, ...]) -> tirx.PrimFunc:
@@ -201,7 +196,7 @@ def merge_online_softmax(func: tirx.PrimFunc, pair: OnlinePair) -> tirx.PrimFunc
     x = _operand(store, tirx.Max)
     own = tirx.BufferLoad(store.buffer, store.indices)
     to_high = _iter_map(total, high)
-    sum_indices = [_substitute(i, to_high) for i in sum_store.indices]
+    sum_indices = [substitute(i, to_high) for i in sum_store.indices]
     own_sum = tirx.BufferLoad(sum_store.buffer, sum_indices)
     dtype = store.buffer.dtype
     new_sum, new_max = tirx.Var("s", dtype), tirx.Var("m", dtype)
@@ -218,7 +213,7 @@ def merge_online_softmax(func: tirx.PrimFunc, pair: OnlinePair) -> tirx.PrimFunc
     init = tirx.SeqStmt([tirx.BufferStore(sum_store.buffer, total.init.value, sum_indices),
                          high.init])
     merged = s_tir.SBlock(high.iter_vars, high.reads,
-                          [_substitute(total.writes[0], to_high), *high.writes],
+                          [substitute(total.writes[0], to_high), *high.writes],
                           high.name_hint, body, init, high.alloc_buffers, high.match_buffers,
                           high.annotations)
     drop = {pair.total}

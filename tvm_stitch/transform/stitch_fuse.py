@@ -222,12 +222,17 @@ def _decide_all(fused: IRModule, draft: Draft, names: dict[int | str, str],
 
 def _given_back(og: OpGroup, ops: tuple[str, ...], yardstick: Yardstick | None
                 ) -> tuple[str, ...]:
-    """The ops of a group that cannot be stitched that fall back: its members in column
-    space alone when it has others (a LayerNorm backward's dgamma and dbeta, at a width
-    whose partial sums fit nowhere on chip), whose row ops are grouped again without them
-    and may stitch on their own, if TVM's fusion runs the group's ops in more kernels than
-    that would at most (one stitched kernel, and one of TVM's per column-space op); else
-    all of ``ops``."""
+    """The ops of a group that cannot be stitched that fall back: the transposes it writes
+    across its rows (``OpGroup.permuted_sinks``) alone when it has others, whose other ops
+    are grouped again without them, as they were before such a transpose joined rows; its
+    members in column space alone when it has others (a LayerNorm backward's dgamma and
+    dbeta, at a width whose partial sums fit nowhere on chip), whose row ops are grouped
+    again without them and may stitch on their own, if TVM's fusion runs the group's ops in
+    more kernels than that would at most (one stitched kernel, and one of TVM's per
+    column-space op); else all of ``ops``."""
+    sinks = og.permuted_sinks
+    if sinks and len(sinks) < len(ops):
+        return sinks
     columns = {n.label for n in og.nodes if n.index in og.columns}
     if not columns or len(columns) == len(ops) or yardstick is None:
         return ops

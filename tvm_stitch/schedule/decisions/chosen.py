@@ -82,6 +82,8 @@ def chosen_row_mapping(mapping: ThreadMapping, choices: Choices, max_threads: in
         raise Unstitchable(f"{packed} rows of {per_row} threads per block: more than "
                            f"{max_threads} threads")
     kind = MappingKind.BLOCK_PER_ROW if per_row > WARP_SIZE else MappingKind.WARP_PER_ROW
+    if mapping.kind is MappingKind.STRIDED_ROWS:  # the rows stay across a warp's lanes
+        kind = MappingKind.STRIDED_ROWS
     return replace(mapping, kind=kind, threads_per_row=per_row, rows_per_block=packed)
 
 

@@ -37,6 +37,7 @@ from ..mapping import (
     row_mapping,
     row_steps,
     row_vector,
+    strided_row_mapping,
 )
 from ..occupancy import FULL_UNROLL_STEPS, cached_elements_cap, launch_for_cached, loads_room
 from ..rows import (
@@ -44,8 +45,10 @@ from ..rows import (
     RowAccess,
     Unstitchable,
     access_rows,
+    address_strides,
     block_rows,
     error_summary,
+    permuted_elements,
     permuted_row,
     prefix_split,
     reads_one_per_row,
@@ -116,7 +119,14 @@ def decide_rows(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: in
                                f"takes at most {HELD_LANES} elements per access")
         vector = HELD_LANES
     mapped = (bound or SYMBOLIC_ROW_LENGTH) if is_symbolic(length) else length
-    if is_symbolic(rows):  # packed rows: the last block's rows past the end are guarded
+    strided = not is_symbolic(rows) and not is_symbolic(length) and strided_rows(sch, func, infos)
+    if strided:
+        if (choices.vector or 1) > 1 or choices.vector_reads:
+            raise Unstitchable("strided rows take one element per access")
+        vector = 1
+        mapping = strided_row_mapping(rows, length, max_threads, gpu,
+                                      widest_element(sch, func))
+    elif is_symbolic(rows):  # packed rows: the last block's rows past the end are guarded
         mapping = replace(row_mapping(rows, mapped, None, max_threads, gpu, vector),
                           rows_expr=symbolic_extent([i.size for i in longest.row_iters]))
     else:
@@ -127,7 +137,7 @@ def decide_rows(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: in
                           length_expr=symbolic_extent([i.size for i in longest.element_iters]))
     mapping = chosen_row_mapping(mapping, choices, max_threads)
     hold_chosen(sch, dec, mapping, choices)
-    if choices.rows_per_block is None and choices.row_steps is None:
+    if choices.rows_per_block is None and choices.row_steps is None and not strided:
         mapping = _pack_horizontally(dec, mapping, gpu, budget, max_threads)
     mapping = fit_budget(sch, dec, mapping, budget)
     mapping = _pack_vertically(dec, mapping, gpu, choices.row_steps)
@@ -155,6 +165,31 @@ def decide_rows(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: in
                    buffers=plan_buffers(dec, mapping, reused),
                    shared_bytes=shared, shared_budget=budget,
                    demotions=tuple(dec.demotions), launch=launch, unrolled=unrolled)
+
+
+def strided_rows(sch: s_tir.Schedule, func: tirx.PrimFunc, infos: dict[str, BlockRows]
+                 ) -> bool:
+    """Whether the group's rows are strided (``mapping.strided_row_mapping``): the inputs
+    and outputs of ``func`` its blocks access a stride apart along the row but side by side
+    from row to row (``rows.address_strides``) outweigh, in bytes, those accessed along the
+    row contiguously. Each buffer counts once, by the first such access found."""
+    params = {p.name for p in buffer_params(func)}
+    kinds: dict[str, tuple[bool, int]] = {}
+    for block in child_blocks(sch):
+        stmt = sch.get(block)
+        info = infos.get(stmt.name_hint)
+        if info is None:
+            continue
+        for region in [*stmt.reads, *stmt.writes]:
+            buffer = region.source
+            if buffer.name not in params or buffer.name in kinds:
+                continue
+            by_row, by_element = address_strides(info, region)
+            if by_element == 1 or (by_row == 1 and by_element not in (0, -1, None)):
+                kinds[buffer.name] = (by_element != 1,
+                                      elements_of(buffer) * bytes_of(buffer))
+    strided = sum(size for is_strided, size in kinds.values() if is_strided)
+    return strided > sum(size for is_strided, size in kinds.values() if not is_strided)
 
 
 def register_cache(sch: s_tir.Schedule, func: tirx.PrimFunc, dec: Decisions,
@@ -302,7 +337,8 @@ def check_alignment(sch: s_tir.Schedule, infos: dict[str, BlockRows], rows: int,
     with ``among_rows`` (a Global group), only reads of what the row blocks of ``infos``
     produce: the results of column phases and of combinations are read across rows by
     design. The outputs ``permuted`` may be written a whole row elsewhere
-    (``row_permutation``), and are then read by no block. Only the blocks of ``infos`` are
+    (``row_permutation``), or element by element anywhere (a transpose back), and are then
+    read by no block. Only the blocks of ``infos`` are
     checked, and only their reads without ``writes`` (sub-rows of a split row, which write
     their row's elements by design)."""
     blocks = child_blocks(sch)
@@ -314,7 +350,8 @@ def check_alignment(sch: s_tir.Schedule, infos: dict[str, BlockRows], rows: int,
             continue
         stmt = sch.get(block)
         for region in stmt.writes if writes else ():
-            if region.source.name in permuted and permuted_row(info, region, rows):
+            if region.source.name in permuted and (permuted_row(info, region, rows)
+                                                   or permuted_elements(info, region)):
                 continue
             if access_rows(info, region, rows) is not RowAccess.ALIGNED:
                 raise Unstitchable(f"block {info.name} writes {region.source.name} outside "

@@ -39,7 +39,8 @@ def bound_unrolling(sch: s_tir.Schedule, func: tirx.PrimFunc, infos: dict[str, B
     None for rows of run-time length (a loop nvcc does not unroll) or a mapping without an
     element loop per thread."""
     if mapping.length_expr or mapping.kind not in (MappingKind.BLOCK_PER_ROW,
-                                                   MappingKind.WARP_PER_ROW):
+                                                   MappingKind.WARP_PER_ROW,
+                                                   MappingKind.STRIDED_ROWS):
         return ()
     written = {p.name for p in written_params(func, sch)}
     streamed = {p.name: p for p in buffer_params(func)
