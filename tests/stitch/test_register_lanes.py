@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import functools
 import re
+from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from stitch_helpers import module_cuda_source
@@ -17,8 +19,11 @@ from tvm_stitch import pipeline, verify
 from tvm_stitch.analysis import analyze
 from tvm_stitch.frontend.onnx import import_model
 from tvm_stitch.plan import MappingKind, StitchPlan
+from tvm_stitch.testing.differential import check_model
 from tvm_stitch.testing.resources import check_resources
 from tvm_stitch.workloads import micro
+
+SAVED_CASES = Path(__file__).parents[1] / "regressions" / "cases"
 
 
 def _erf_model(shape: list[int], body: str, dtype: int = TensorProto.FLOAT) -> object:
@@ -133,3 +138,17 @@ def test_an_input_another_block_reads_transposed() -> None:
     assert verify.run_simt(scheduled, model).ok
     report = check_resources(scheduled)
     assert not report.violations, report.violations
+
+
+def test_an_input_one_value_per_vector_is_read_by_each_lane() -> None:
+    # fuzz graph 3301:723: a LayerNorm over all of (2, 2, 64) (one row of 256, normalised
+    # lane by lane) then max with in1 of (2, 1), one value per 64 elements: read at
+    # (f // 64) % 2 of the row index f, which names the lane variable but takes one value
+    # over an aligned vector. Taken for a moving input, its register copy held one element
+    # where a vector was asserted: "scheduling failed", and TVM's kernels instead.
+    built = onnx.load(SAVED_CASES / "stitch-s3301-g723.onnx")
+    plan = StitchPlan.of_module(verify.compile_model(built, "stitch"))
+    assert not [f.reason for f in plan.fallbacks if "scheduling failed" in f.reason], plan
+    assert any(g.lane_blocks for g in plan.groups), plan
+    outcome = check_model(built, "stitch")
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)

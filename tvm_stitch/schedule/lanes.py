@@ -13,6 +13,8 @@ lane (as a GPU runs it anyway: it has no float32 vector arithmetic).
 
 from __future__ import annotations
 
+from math import prod
+
 import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir.schedule import LoopRV, SBlockRV
@@ -43,6 +45,8 @@ def register_lanes(sch: s_tir.Schedule, names: tuple[str, ...], vector: int) -> 
             sch.transform_layout(block, ("write", index), lane_map(local, vector),
                                  assume_injective_transform=True)
         for buffer in _moving_inputs(sch.get(block)):
+            if not _one_vector(sch, name, buffer, vector):
+                continue
             index = next(i for i, r in enumerate(sch.get(block).reads)
                          if r.source.same_as(buffer))
             # this block's copy only: another block may read the buffer elsewhere
@@ -78,6 +82,26 @@ def _moving_inputs(block: s_tir.stmt.SBlock) -> list[tirx.Buffer]:
             and all(not uses(r.min, inner) for r in region.region[:-1])
         moving[buffer.name] = moving.get(buffer.name, True) and moves
     return [found[n] for n, ok in moving.items() if ok]
+
+
+def _one_vector(sch: s_tir.Schedule, name: str, buffer: tirx.Buffer, vector: int) -> bool:
+    """Whether the copy of ``buffer`` that block ``name`` reads at the thread's vector
+    holds exactly one vector: an index that names the lane variable but takes one value
+    over an aligned vector (a scale per 64 elements, ``(f // 64) % 2`` of a flat row index
+    ``f``, fuzz graph 3301:723) is no moving input; each lane then reads its one element
+    (the same word) itself. Tried on a copy of the schedule."""
+    trial = sch.copy()
+    block = trial.get_sblock(name)
+    at = trial.get_loops(block)[-2]
+    index = next(i for i, r in enumerate(trial.get(block).reads) if r.source.same_as(buffer))
+    copy = trial.cache_read(block, index, LOCAL, consumer_blocks=[block])
+    trial.compute_at(copy, at, preserve_unit_loops=True)
+    loops = trial.get_loops(copy)
+    above = trial.get(at)
+    inner = loops[next(i for i, loop in enumerate(loops) if trial.get(loop).same_as(above)) + 1:]
+    extents = [trial.get(loop).extent for loop in inner]
+    return all(isinstance(e, tirx.IntImm) for e in extents) \
+        and prod(int(e) for e in extents) == vector
 
 
 def _vectorise_copy(sch: s_tir.Schedule, copy: SBlockRV, at: LoopRV, vector: int) -> None:
