@@ -185,11 +185,6 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
     if not dec.held and length >= mapping.threads_per_row * vector:
         mapping = replace(mapping, vector=vector)
     roles = assign_roles(sch, rows)
-    # An input staged once per block covers the block's whole rows, not a tile of its columns
-    # (tiling columns then read the staged copy at the wrong columns).
-    # Nor do registers, which hold a thread's columns of every row of its tile. An input
-    # staged per row is copied by the whole block at each row, where lanes would take parts
-    # of the tile's rows (fuzz graph 7321:1486, exp(x - x) of a softmax over a unit axis).
     options = [] if in_registers else _column_tiles(sch, roles, dec, mapping, choices, symbolic)
     most = max(options, default=1)
     accumulators = {name: _tiled(roles.columns[name] * elements[name], max(most, tiled),
@@ -269,6 +264,10 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
                                            + ("sub-rows of a split row" if split > 1 else
                                               "rows of a run-time tile" if symbolic else
                                               f"{mapping.row_steps} rows of a tile")))
+    if column_tiles < tiled:  # the tiles the partial sums were sized for did not come
+        raise Unstitchable(f"partial sums of the column reductions need {needed} B of shared "
+                           f"memory per block, more than a quarter of {budget} B, sized for "
+                           f"{tiled} column tiles, and the row phases take {column_tiles}")
     phases = _phases(roles, tiles, mapping.threads_per_block, column_tiles,
                      {b.block for b in staged})
     grid = min(launch.wave, max(p.tasks for p in phases))
@@ -299,7 +298,6 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
                    shared_bytes=shared, shared_budget=budget,
                    demotions=tuple(dec.demotions), launch=launch, phases=phases,
                    unrolled=unrolled)
-
 
 
 def _column_tiles(sch: s_tir.Schedule, roles: Roles, dec: Decisions, mapping: ThreadMapping,
@@ -346,6 +344,7 @@ def _tiles_for_sums(sch: s_tir.Schedule, roles: Roles, dec: Decisions, mapping: 
                         size)[1] == tiles:
             return tiles
     return 1
+
 
 def _kept_reserve(sch: s_tir.Schedule, func: tirx.PrimFunc, roles: Roles,
                   infos: dict[str, BlockRows], mapping: ThreadMapping, rows: int,
