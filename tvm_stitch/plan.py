@@ -94,6 +94,7 @@ class DemotionKind(StrEnum):
     FEWER_ROW_TILES = "fewer row tiles"  # so that a thread's re-read inputs fit registers
     ROW_TILES_KEPT = "row tiles kept"  # fewer would not fit one wave
     ROLLED_REREADS = "rolled re-reads"  # re-read inputs read again in rolled loops
+    ROWS_IN_COLUMN_TILES = "rows in column tiles"  # nothing staged per row: tasks take parts
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,10 @@ _DEMOTION_TEXT = {
         "inputs {subject} read again from global memory (L2) in each loop over a thread's "
         "elements, the loops rolled: {before} elements kept in registers per thread -> "
         "{after} ({detail})",
+    DemotionKind.ROWS_IN_COLUMN_TILES:
+        "element-wise rows in column tiles beside the partial sums ({used} B of shared memory "
+        "> a quarter of {budget} B, {before} row tile(s)): {subject} read again from global "
+        "memory or recomputed, not staged per row",
 }
 
 

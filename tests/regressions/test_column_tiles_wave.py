@@ -17,8 +17,8 @@ from onnx import helper
 from regression_models import model, needs_stitch
 
 from tvm_stitch import verify
-from tvm_stitch.plan import BufferRole, StitchPlan, StorageLevel
-from tvm_stitch.schedule.decisions.tiles import choose_tiles, column_tile_options
+from tvm_stitch.plan import BufferRole, DemotionKind, StitchPlan, StorageLevel
+from tvm_stitch.schedule.decisions.tiles import choose_tiles, column_tile_options, tile_threads
 from tvm_stitch.schedule.phases import BlockRole, Roles
 from tvm_stitch.testing.differential import check_model
 
@@ -72,3 +72,67 @@ def test_partial_sums_too_large_whole_take_column_tiles_before_registers() -> No
     assert group.phases[0].tasks == 48 and group.phases[0].column_tiles == 48
     outcome = check_model(built, "stitch", triage=False)
     assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+
+
+def _mean_beside_rows(shape: list[int], dtype: int = onnx.TensorProto.FLOAT) -> onnx.ModelProto:
+    """A mean over the leading axis of ``shape`` and element-wise rows, of one producer."""
+    nodes = [helper.make_node("Abs", ["x"], ["a"]),
+             helper.make_node("ReduceMean", ["a", "axes"], ["m"], keepdims=1),
+             helper.make_node("Exp", ["a"], ["e"]),
+             helper.make_node("Neg", ["e"], ["y"])]
+    return model(nodes, {"x": shape}, {"m": [1, *shape[1:]], "y": shape},
+                 {"axes": np.array([0])}, elem_type=dtype)
+
+
+@pytest.mark.parametrize(("shape", "dtype", "threads"), [
+    ([2, 30000], onnx.TensorProto.FLOAT16, 1000),  # fuzz graph 3301:1959's shape
+    ([4, 40, 1024], onnx.TensorProto.FLOAT, 1024),  # 3-D, 163840 elements
+])
+def test_element_wise_rows_take_the_column_tiles_of_partial_sums_beside_them(
+        shape: list[int], dtype: int, threads: int) -> None:
+    # fuzz graph 3301:1959: two rows of 30000 beside a mean over them. Whole, a row tile's
+    # partial sums take 120 KB, and they were kept in registers, 30 per thread, on one task
+    # of 1024 threads that also ran the element-wise rows: spilled 16 B. The rows now take
+    # the column tiles too, on blocks as wide as a tile (1000 threads divide 30000), each
+    # thread on a column of every row.
+    built = _mean_beside_rows(shape, dtype)
+    (group,) = StitchPlan.of_module(verify.compile_model(built, "stitch")).groups
+    (accumulator,) = [b for b in group.buffers if b.role is BufferRole.ACCUMULATOR]
+    assert (accumulator.level, accumulator.registers) == (StorageLevel.SHARED, 0)
+    width = int(np.prod(shape[1:]))
+    rows = group.phases[0]
+    assert (rows.column_tiles, rows.tasks) == (width // threads, width // threads)
+    assert group.mapping.threads_per_block == threads and group.mapping.vector == 1
+    assert not any(b.level is StorageLevel.SHARED and b.role is BufferRole.INPUT
+                   for b in group.buffers)  # a task holds a part of each row
+    outcome = check_model(built, "stitch", triage=False)
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+
+
+def test_many_rows_keep_their_row_tiles_beside_partial_sums() -> None:
+    # rows enough to fill the wave with row tiles keep whole rows and their vectors: the
+    # column tiles are for rows too few to spread the work otherwise
+    built = _mean_beside_rows([2048, 4096])
+    (group,) = StitchPlan.of_module(verify.compile_model(built, "stitch")).groups
+    assert group.phases[0].column_tiles == 1 and group.mapping.vector > 1
+    assert not any(d.kind is DemotionKind.ROWS_IN_COLUMN_TILES for d in group.demotions)
+
+
+def test_a_block_narrows_to_column_tiles_that_divide_the_width() -> None:
+    # a sum over the leading 2 of (2, 30000): no multiple of a warp divides 30000, and one
+    # task kept 30 partial sums per thread in registers; blocks of 1000 threads take 30
+    # tiles of 1000 columns
+    built = model([helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=0)],
+                  {"x": [2, 30000]}, {"y": [30000]}, {"axes": np.array([0])})
+    (group,) = StitchPlan.of_module(verify.compile_model(built, "stitch")).groups
+    assert group.mapping.threads_per_block == 1000
+    assert (group.phases[0].tasks, group.phases[0].column_tiles) == (30, 30)
+    assert not any(b.registers for b in group.buffers)
+    outcome = check_model(built, "stitch", triage=False)
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+
+
+def test_tile_threads() -> None:
+    assert tile_threads(30000, 1024) == 1000
+    assert tile_threads(4096, 1024) == 1024
+    assert tile_threads(30011, 1024) is None  # a prime: no tile wider than half the block

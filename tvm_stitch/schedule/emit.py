@@ -814,6 +814,11 @@ def _map_row_phase(sch: s_tir.Schedule, mapping: ThreadMapping, names: set[str],
         outer, step, row_in_block = sch.split(
             row, [mapping.row_tiles, None, 1] if mapping.row_tiles
             else [None, mapping.row_steps, 1])
+        if column_tiles > 1:  # element-wise rows beside the partial sums, their tiles alike
+            assert not (caches or row_caches or held), phase
+            column_tile, elem = sch.split(elem, [column_tiles, None])
+            sch.reorder(column_tile, step, row_in_block)
+            outer = sch.fuse(outer, column_tile)
         heads.append(outer)
         steps.append(step)
         bindings.append((row_in_block, _element_loop(sch, block, elem, mapping, scalar)))

@@ -96,6 +96,7 @@ from .tiles import (
     choose_tiles,
     column_tile_options,
     fewest_tiles,
+    tile_threads,
     tiles_for_cached,
 )
 from .unrolling import bound_unrolling
@@ -162,8 +163,20 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
     accumulators = {name: roles.columns[name] * elements[name] for name in roles.columns}
     needed = sum(accumulators.values())
     in_registers: dict[str, int] = {}  # column reduction -> partial sums per thread
+    by_column = needed > budget // 4 and not symbolic and split == 1 and threads is None \
+        and _element_wise_rows(roles, infos, gpu, mapping)
+    if by_column:
+        narrowed = mapping.threads_per_row
+        if not _column_tiles(sch, roles, dec, mapping, choices, symbolic, True) \
+                and choices.threads_per_row is None:
+            narrowed = tile_threads(length, narrowed)
+        by_column = narrowed is not None and bool(_column_tiles(
+            sch, roles, dec, replace(mapping, threads_per_row=narrowed), choices, symbolic, True))
+    if by_column:
+        mapping = replace(mapping, threads_per_row=narrowed)
+        _unstage_rows(sch, dec, needed, budget, rows)
     tiled = _tiles_for_sums(sch, roles, dec, mapping, choices, symbolic, accumulators,
-                            elements, budget, gpu, rows * length) \
+                            elements, budget, gpu, rows * length, by_column) \
         if needed > budget // 4 else 1
     if tiled == 1 and needed > budget // 4:
         in_registers = _partial_sums_in_registers(sch, roles, mapping)
@@ -182,10 +195,13 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
     # As in a row group (a vector would not follow held registers), and only when every
     # thread gets a whole vector: the block's threads are sized for scalar accesses, and
     # fewer threads on more elements each keep more in registers (fuzz case g469 spilled).
-    if not dec.held and length >= mapping.threads_per_row * vector:
+    # Row blocks in column tiles take a column per thread, as the partial sums beside them.
+    by_column = by_column and tiled > 1
+    if not dec.held and length >= mapping.threads_per_row * vector and not by_column:
         mapping = replace(mapping, vector=vector)
     roles = assign_roles(sch, rows)
-    options = [] if in_registers else _column_tiles(sch, roles, dec, mapping, choices, symbolic)
+    options = [] if in_registers else _column_tiles(sch, roles, dec, mapping, choices, symbolic,
+                                                    by_column)
     most = max(options, default=1)
     accumulators = {name: _tiled(roles.columns[name] * elements[name], max(most, tiled),
                                  mapping, elements[name]) for name in accumulators}
@@ -208,7 +224,9 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
             dec.staged.append(s)
             shared += aligned_shared(s.per_row)
         launch = launch_of(gpu, mapping.threads_per_block, shared)
-    reread, per_row = register_cache(sch, func, dec, mapping, infos)
+    # a thread of rows in column tiles walks its tile's part of each row
+    walked = replace(mapping, row_length=length // column_tiles) if by_column else mapping
+    reread, per_row = register_cache(sch, func, dec, walked, infos)
     sums = sum(in_registers.values())  # held for the whole tile, as the row walk's elements
     room = cached_room(launch, sums)
     rolled: frozenset[str] = frozenset()
@@ -301,18 +319,56 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
 
 
 def _column_tiles(sch: s_tir.Schedule, roles: Roles, dec: Decisions, mapping: ThreadMapping,
-                  choices: Choices, symbolic: bool) -> list[int]:
+                  choices: Choices, symbolic: bool, rows_by_column: bool = False) -> list[int]:
     """The column tile options of the row phases (``tiles.column_tile_options``), narrowed
-    to the choices'. An input staged once per block covers the block's whole rows, not a
-    tile of its columns (tiling columns then read the staged copy at the wrong columns). An
-    input staged per row is copied by the whole block at each row, where lanes would take
-    parts of the tile's rows (fuzz graph 7321:1486, exp(x - x) of a softmax over a unit
-    axis). Nor do registers, which hold a thread's columns of every row of its tile: the
-    caller asks only before it keeps partial sums there."""
+    to the choices'; ``rows_by_column``: the row blocks may take them too
+    (``_element_wise_rows``). An input staged once per block covers the block's whole rows,
+    not a tile of its columns (tiling columns then read the staged copy at the wrong
+    columns). An input staged per row is copied by the whole block at each row, where lanes
+    would take parts of the tile's rows (fuzz graph 7321:1486, exp(x - x) of a softmax over
+    a unit axis). Nor do registers, which hold a thread's columns of every row of its tile:
+    the caller asks only before it keeps partial sums there."""
     if dec.block_shared or symbolic:
         return chosen_column_tiles([], choices)
     return chosen_column_tiles(column_tile_options(roles, mapping.threads_per_block,
-                                                   lanes=not dec.staged), choices)
+                                                   lanes=not dec.staged,
+                                                   element_wise_rows=rows_by_column), choices)
+
+
+def _element_wise_rows(roles: Roles, infos: dict[str, BlockRows], gpu: GPU,
+                       mapping: ThreadMapping) -> bool:
+    """Whether the row phase, with its row blocks if any, takes column tiles of the partial
+    sums (``decide_global`` narrows the block to a width that divides into them where need
+    be): one row phase (no row block reads a column phase's result), each row block
+    element-wise over a row as wide as the column reductions', and rows too few for their
+    row tiles to fill half a wave (``MIN_TILE_ROWS`` rows each). Two rows of 30000 beside a
+    mean over them (fuzz graph 3301:1959) then take 30 tasks of 1000 columns, where one task
+    kept 30 partial sums per thread in registers beside the element-wise rows, and spilled;
+    many rows keep their row tiles and their vectors."""
+    widths = set(roles.columns.values())
+    wave = launch_of(gpu, mapping.threads_per_block, 0).wave
+    return len(widths) == 1 and mapping.rows // MIN_TILE_ROWS < wave // 2 \
+        and all(roles.levels[n] == 0 for n in (*roles.columns, *infos)) \
+        and all(not info.is_reduction and info.elements in widths for info in infos.values())
+
+
+def _unstage_rows(sch: s_tir.Schedule, dec: Decisions, needed: int, budget: int,
+                  rows: int) -> None:
+    """Nothing staged per row for rows in column tiles (a task holds a part of each row):
+    inputs are read from global memory again, intermediates recomputed by their readers."""
+    demoted = [s.name for s in dec.staged + dec.regional]
+    for staged in dec.staged:
+        dec.global_reads.append(Buffer(staged.name, BufferRole.INPUT, StorageLevel.GLOBAL, 0,
+                                       "re-read: rows in column tiles"))
+    for regional in dec.regional:
+        inline(sch, sch.get_sblock(regional.block))
+        dec.inlined.append(regional.block)
+    dec.staged.clear()
+    dec.regional.clear()
+    if demoted:
+        dec.demotions.append(Demotion(DemotionKind.ROWS_IN_COLUMN_TILES, ", ".join(demoted),
+                                      before=max(1, rows // MIN_TILE_ROWS), used=needed,
+                                      budget=budget))
 
 
 def _tiled(size: int, tiles: int, mapping: ThreadMapping, element: int) -> int:
@@ -324,14 +380,15 @@ def _tiled(size: int, tiles: int, mapping: ThreadMapping, element: int) -> int:
 
 def _tiles_for_sums(sch: s_tir.Schedule, roles: Roles, dec: Decisions, mapping: ThreadMapping,
                     choices: Choices, symbolic: bool, accumulators: dict[str, int],
-                    elements: dict[str, int], budget: int, gpu: GPU, size: int) -> int:
+                    elements: dict[str, int], budget: int, gpu: GPU, size: int,
+                    rows_by_column: bool) -> int:
     """Column tiles per row tile that ``choose_tiles`` takes for accumulators too large for
     a quarter of the shared budget whole (``accumulators``: bytes over a row tile's
     columns), when their tiles fit it; else 1 (the partial sums are then kept in
     registers). A task on a tile of the columns keeps its sums of a tile on chip: eight
     rows of 49152 columns (a sum over the leading axis of (8, 12, 64, 64)) are 48 tiles of
     4 KB, where one task per row tile kept 48 sums per thread in registers, on one block."""
-    options = _column_tiles(sch, roles, dec, mapping, choices, symbolic)
+    options = _column_tiles(sch, roles, dec, mapping, choices, symbolic, rows_by_column)
     if not options:
         return 1
     for tiles in options:
@@ -605,7 +662,7 @@ def _phases(roles: Roles, tiles: int, threads: int, column_tiles: int,
             partials = tuple(n for n in names if roles.kinds[n] is BlockRole.COLUMN)
             combines = tuple(n for n in names if roles.kinds[n] is BlockRole.COMBINE)
             lanes = threads * column_tiles // roles.columns[partials[0]] \
-                if column_tiles > 1 and len(partials) == 1 \
+                if column_tiles > 1 and len(partials) == 1 and not roles.of_kind(BlockRole.ROW) \
                 and not staged_readers & set(names) else 1
             phases.append(Phase(PhaseKind.ROWS, names, tiles * column_tiles, partials=partials,
                                 combines=combines, column_tiles=column_tiles,

@@ -63,24 +63,38 @@ def tiles_for_cached(gpu: GPU, launch: Launch, rows: int, tiles: int, per_row: i
     return launch, tiles
 
 
-def column_tile_options(roles: Roles, threads: int, lanes: bool = True) -> list[int]:
+def column_tile_options(roles: Roles, threads: int, lanes: bool = True,
+                        element_wise_rows: bool = False) -> list[int]:
     """Column tiles per row tile, best first, when the row phases only accumulate column
-    reductions (no block needs whole rows) of one width: a task then takes a tile of its row
-    tile's columns rather than all of them, so that fewer, longer row tiles fill the GPU and
-    fewer rows of partial sums go through global memory. Warp-wide tiles (one reduction: the
-    block's warps take parts of the tile's rows, lanes, and add up their sums in shared
-    memory; unless not ``lanes``), or a column per thread."""
+    reductions of one width (no block needs whole rows; with ``element_wise_rows``, row
+    blocks that compute each element of their row alone may share the phase): a task then
+    takes a tile of its row tile's columns rather than all of them, so that fewer, longer
+    row tiles fill the GPU and fewer rows of partial sums go through global memory.
+    Warp-wide tiles (one reduction and no row blocks: the block's warps take parts of the
+    tile's rows, lanes, and add up their sums in shared memory; unless not ``lanes``), or a
+    column per thread: tiles as wide as the block (``tile_threads`` narrows a block to a
+    width that divides into such tiles)."""
     widths = set(roles.columns.values())
-    if roles.of_kind(BlockRole.ROW) or len(widths) != 1:
+    has_rows = bool(roles.of_kind(BlockRole.ROW))
+    if (has_rows and not element_wise_rows) or len(widths) != 1:
         return []
     width = widths.pop()
     options = []
-    if lanes and len(roles.columns) == 1 and threads % WARP_SIZE == 0 \
+    if lanes and not has_rows and len(roles.columns) == 1 and threads % WARP_SIZE == 0 \
             and width % WARP_SIZE == 0 and width > WARP_SIZE:
         options.append(width // WARP_SIZE)
     if width % threads == 0 and width > threads:
         options.append(width // threads)
     return options
+
+
+def tile_threads(width: int, threads: int) -> int | None:
+    """The most threads, up to ``threads`` and more than half of them, that divide ``width``:
+    a block as wide as each of its column tiles (every bound thread loop of a kernel has
+    the block's extent; a narrower tile's guard would widen the region its partial sums
+    are written out over); None when no such count divides it."""
+    fitting = [d for d in divisors(width) if 2 * d > threads and d <= threads]
+    return max(fitting, default=None)
 
 
 def choose_tiles(options: list[int], roles: Roles, rows: int, threads: int, wave: int,
