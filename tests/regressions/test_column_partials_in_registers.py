@@ -69,7 +69,7 @@ def test_layernorm_backward_at_a_real_width_is_one_kernel_within_the_baseline() 
 
 @pytest.mark.parametrize("model", [micro.layernorm_backward((1024, 4608)),
                                    micro.layernorm_backward((64, 8192)),
-                                   _column_sums(512, 4608)],
+                                   _column_sums(2048, 4608)],
                          ids=["layernorm_backward", "layernorm_backward_8192",
                               "three_column_sums"])
 def test_partial_sums_in_registers_match_onnxruntime_within_the_resources(
@@ -90,32 +90,40 @@ def test_partial_sums_within_a_quarter_of_the_budget_stay_in_shared_memory() -> 
 
 
 def test_partial_sums_too_many_for_registers_fall_back_with_the_reason() -> None:
-    # 32768 columns over 1024 threads: 3 x 32 sums per thread, more than the 64 registers
-    _, plan = _lower(_column_sums(256, 32768))
+    # 32771 columns (a prime: no column tiles) over 1024 threads: 3 x 33 sums per thread,
+    # more than the 64 registers
+    _, plan = _lower(_column_sums(2048, 32771))
     (fallback,) = plan.fallbacks
     assert fallback.reason.startswith(TOO_LARGE)
-    assert "in registers 96 per thread, which with the 0 elements" in fallback.reason
+    assert "in registers 99 per thread, which with the 0 elements" in fallback.reason
     assert fallback.reason.endswith("needs tiles of columns")
 
 
-def test_partial_sums_beside_rolled_rereads_are_one_kernel() -> None:
-    # 16384 columns over 1024 threads: 3 x 16 sums per thread, and the 16 elements of x that
-    # each thread reads for all three, kept in registers, did not fit beside them: it fell
-    # back to TVM's 3 kernels. The loops that read x now run rolled and read it again (L2).
+def test_partial_sums_of_column_tiles_hold_their_input_in_registers() -> None:
+    # 16384 columns: 3 x 16 sums per thread in registers, and the 16 elements of x each
+    # thread reads for all three did not fit beside them, so the loops that read x ran
+    # rolled and read it three times (L2), as TVM's three kernels do. Each partial sum's
+    # tile of 1024 columns now takes 4 KB of shared memory (no lanes: no slot per thread),
+    # and a thread of a tile holds its one element of x per row in a register.
     model = _column_sums(1024, 16384)
     scheduled, plan = _lower(model)
     assert not plan.fallbacks
     (group,) = plan.groups
-    assert [(d.kind, d.subject, d.after) for d in group.demotions
-            if d.kind is DemotionKind.ROLLED_REREADS] == [(DemotionKind.ROLLED_REREADS, "x", 0)]
-    assert {b.registers for b in _accumulators(plan)} == {16}
+    assert group.phases[0].column_tiles == 16
+    assert [(b.level, b.shared_bytes) for b in _accumulators(plan)] == [
+        (StorageLevel.SHARED, 4096)] * 3
     assert not check_resources(scheduled).violations
     tvm_fusion = _lower(model, "baseline")[0]
     assert len(analyze(scheduled).kernels) == 1 < len(analyze(tvm_fusion).kernels) == 3
-    # x read three times (each but the first from L2), as TVM's three kernels read it: the
-    # yardstick of a Global group (its partial sums are scratch by design)
     (kernel,) = analyze(scheduled).kernels
-    assert kernel.traffic.buffers["x"].read_bytes == 3 * 1024 * 16384 * 4
+    assert kernel.traffic.buffers["x"].read_bytes == 1024 * 16384 * 4
+    # the same at a size the SIMT runner takes: x held, 22 row tiles x 10 column tiles
+    small = _column_sums(528, 10240)
+    (group,) = _lower(small)[1].groups
+    assert DemotionKind.HELD_IN_REGISTERS in {d.kind for d in group.demotions}
+    assert group.phases[0].column_tiles == 10
+    outcome = check_model(small, "stitch", triage=False)
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
 
 
 def test_layernorm_backward_at_width_8192_is_one_kernel_within_the_registers() -> None:

@@ -136,3 +136,25 @@ def test_tile_threads() -> None:
     assert tile_threads(30000, 1024) == 1000
     assert tile_threads(4096, 1024) == 1024
     assert tile_threads(30011, 1024) is None  # a prime: no tile wider than half the block
+
+
+def test_column_tiles_beyond_a_wave_where_the_sums_fit_nowhere_else() -> None:
+    # fuzz graph 3301:691: a sum over the leading 2 of (2, 3136, 96), 301056 columns. Tiles
+    # of 1024 columns are 294 tasks, more than the wave of 132, and 294 partial sums per
+    # thread fit no registers: the group fell back. The persistent grid now walks the 294
+    # tasks in rounds.
+    built = model([helper.make_node("ReduceSum", ["x", "axes"], ["s"], keepdims=0),
+                   helper.make_node("Abs", ["s"], ["y"])],
+                  {"x": [2, 3136, 96]}, {"y": [3136, 96]}, {"axes": np.array([0])})
+    (group,) = StitchPlan.of_module(verify.compile_model(built, "stitch")).groups
+    assert (group.phases[0].tasks, group.phases[0].column_tiles) == (294, 294)
+    assert group.launch.grid <= group.launch.wave
+    assert not any(b.registers for b in group.buffers)
+    outcome = check_model(built, "stitch", triage=False)
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+
+
+def test_column_tiles_beyond_a_wave_only_when_asked() -> None:
+    roles = Roles(kinds={"sum": BlockRole.COLUMN}, levels={"sum": 0}, widths={"sum": 301056})
+    assert choose_tiles([294], roles, 2, 1024, 132, 2 * 301056) == (1, 1)
+    assert choose_tiles([294], roles, 2, 1024, 132, 2 * 301056, beyond_wave=True) == (1, 294)

@@ -181,7 +181,7 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
     if tiled == 1 and needed > budget // 4:
         in_registers = _partial_sums_in_registers(sch, roles, mapping)
         dec.demotions.append(Demotion(DemotionKind.PARTIAL_SUMS_IN_REGISTERS,
-                                      after=sum(in_registers.values()), used=needed,
+                                      after=_held_sums(sch, in_registers), used=needed,
                                       budget=budget))
         accumulators = {n: size for n, size in accumulators.items() if n not in in_registers}
     else:
@@ -190,7 +190,7 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
     available = budget - sum(accumulators.values())
     reserve = _kept_reserve(sch, func, roles, infos, mapping, rows, dec, available, gpu) \
         if split > 1 else 0
-    mapping = fit_budget(sch, dec, mapping, available - reserve, sum(in_registers.values()))
+    mapping = fit_budget(sch, dec, mapping, available - reserve, _held_sums(sch, in_registers))
     vector = chosen_vector(row_vector(length, widest_element(sch, func)), choices)
     # As in a row group (a vector would not follow held registers), and only when every
     # thread gets a whole vector: the block's threads are sized for scalar accesses, and
@@ -212,7 +212,8 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
     launch = launch_of(gpu, mapping.threads_per_block, shared)
     # A run-time row count takes a wave of row tiles, each walking its share of the rows.
     tiles, column_tiles = (launch.wave, 1) if symbolic else choose_tiles(
-        options, roles, rows, mapping.threads_per_block, launch.wave, rows * length)
+        options, roles, rows, mapping.threads_per_block, launch.wave, rows * length,
+        beyond_wave=tiled > 1)
     if split > 1:  # before the register cap: an input kept on chip is not re-read
         phases = _phases(roles, tiles, mapping.threads_per_block, column_tiles,
                          {b.block for b in staged})
@@ -224,10 +225,11 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
             dec.staged.append(s)
             shared += aligned_shared(s.per_row)
         launch = launch_of(gpu, mapping.threads_per_block, shared)
-    # a thread of rows in column tiles walks its tile's part of each row
-    walked = replace(mapping, row_length=length // column_tiles) if by_column else mapping
+    # a thread of a column tile walks its tile's part of each row
+    walked = replace(mapping, row_length=length // column_tiles) if column_tiles > 1 \
+        else mapping
     reread, per_row = register_cache(sch, func, dec, walked, infos)
-    sums = sum(in_registers.values())  # held for the whole tile, as the row walk's elements
+    sums = _held_sums(sch, in_registers)  # held for the whole tile, as the row walk's elements
     room = cached_room(launch, sums)
     rolled: frozenset[str] = frozenset()
     if per_row > room:
@@ -257,7 +259,11 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
                 DemotionKind.FEWER_ROW_TILES, before=tiles, after=capped,
                 detail=f"a tile of {rows // tiles} rows would keep the inputs each thread "
                        f"re-reads ({held}) in registers, more than {cap_text(launch)}"))
-            tiles, column_tiles = capped, 1
+            # partial sums sized for column tiles keep them, in rounds beyond the wave
+            width = max(roles.columns.values(), default=0)
+            lanes = mapping.threads_per_block * column_tiles // max(width, 1)
+            keep = tiled > 1 and (rows // capped) % max(lanes, 1) == 0
+            tiles, column_tiles = capped, column_tiles if keep else 1
         else:
             # Tiles of many rows: nvcc unrolls a short row walk (and then holds every row's
             # elements), not a long one, which reloads; checked by ptxas in the tests
@@ -308,7 +314,7 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
     launch = replace(launch_for_grid(gpu, launch, grid) if split > 1 else launch, grid=grid)
     unrolled = bound_unrolling(sch, func, infos, mapping,
                                on_chip_inputs(sch, func, dec, per_row) - rolled,
-                               loads_room(launch, per_row, sum(in_registers.values())),
+                               loads_room(launch, per_row, _held_sums(sch, in_registers)),
                                frozenset(h.name for h in dec.held), rolled=rolled)
     return replace(group, mapping=mapping, inlined=tuple(dec.inlined),
                    buffers=plan_buffers(dec, mapping, reused) + accumulated + partials + staged
@@ -373,9 +379,11 @@ def _unstage_rows(sch: s_tir.Schedule, dec: Decisions, needed: int, budget: int,
 
 def _tiled(size: int, tiles: int, mapping: ThreadMapping, element: int) -> int:
     """Shared bytes of an accumulator of ``size`` bytes over a row tile's columns, when a
-    task takes one of ``tiles`` tiles of them: its share, and with column tiles a slot per
-    thread for the lanes' sums (of ``element`` bytes)."""
-    return size // tiles + (mapping.threads_per_block * element if tiles > 1 else 0)
+    task takes one of ``tiles`` tiles of them: its share, and with column tiles narrower
+    than the block a slot per thread for the lanes' sums (of ``element`` bytes)."""
+    share = size // tiles
+    lanes = tiles > 1 and share // element < mapping.threads_per_block
+    return share + (mapping.threads_per_block * element if lanes else 0)
 
 
 def _tiles_for_sums(sch: s_tir.Schedule, roles: Roles, dec: Decisions, mapping: ThreadMapping,
@@ -387,19 +395,25 @@ def _tiles_for_sums(sch: s_tir.Schedule, roles: Roles, dec: Decisions, mapping: 
     columns), when their tiles fit it; else 1 (the partial sums are then kept in
     registers). A task on a tile of the columns keeps its sums of a tile on chip: eight
     rows of 49152 columns (a sum over the leading axis of (8, 12, 64, 64)) are 48 tiles of
-    4 KB, where one task per row tile kept 48 sums per thread in registers, on one block."""
+    4 KB, where one task per row tile kept 48 sums per thread in registers, on one block.
+    Tiles more than a wave of tasks are taken where no fewer fit and the sums alone would not
+    fit a thread's registers: two rows of 301056 columns (a sum over the leading axis of (2,
+    3136, 96)) take 294 tasks on 132 blocks, where 294 sums per thread fit nowhere."""
     options = _column_tiles(sch, roles, dec, mapping, choices, symbolic, rows_by_column)
-    if not options:
-        return 1
-    for tiles in options:
-        shared = sum(_tiled(a, tiles, mapping, elements[n]) for n, a in accumulators.items())
-        if shared > budget // 4:
-            continue
-        wave = launch_of(gpu, mapping.threads_per_block,
-                         shared_bytes_of(dec, mapping) + shared).wave
-        if choose_tiles([tiles], roles, mapping.rows, mapping.threads_per_block, wave,
-                        size)[1] == tiles:
-            return tiles
+    sums = _held_sums(sch, _partial_sums_in_registers(sch, roles, mapping))
+    crowded = cached_room(launch_of(gpu, mapping.threads_per_block, 0), sums) < 0
+    for beyond_wave in (False, True) if crowded else (False,):
+        for tiles in options:
+            shared = sum(_tiled(a, tiles, mapping, elements[n])
+                         for n, a in accumulators.items())
+            if shared > budget // 4:
+                continue
+            # what is staged beyond the budget is demoted later (``fit_budget``)
+            wave = launch_of(gpu, mapping.threads_per_block,
+                             min(budget, shared_bytes_of(dec, mapping) + shared)).wave
+            if choose_tiles([tiles], roles, mapping.rows, mapping.threads_per_block, wave,
+                            size, beyond_wave)[1] == tiles:
+                return tiles
     return 1
 
 
@@ -516,6 +530,16 @@ def _partial_sums_in_registers(sch: s_tir.Schedule, roles: Roles, mapping: Threa
     threads = mapping.threads_per_row
     return {name: -(-width // threads) for name, width in roles.columns.items()
             if len(sch.get(sch.get_sblock(name)).writes[0].source.shape) > 0}
+
+
+def _held_sums(sch: s_tir.Schedule, in_registers: dict[str, int]) -> int:
+    """Registers per thread the partial sums ``in_registers`` (accumulator -> slots per
+    thread) take: a slot per value each accumulator writes, two for an online softmax's
+    maximum and sum of exponentials (fuzz graph 4407:299: 49 slots of pairs beside a
+    softmax over the leading 4 of (4, 256, 14, 14) were budgeted 49 registers and
+    spilled 96 B)."""
+    return sum(slots * len(sch.get(sch.get_sblock(name)).writes)
+               for name, slots in in_registers.items())
 
 
 def _phase_inputs(sch: s_tir.Schedule, roles: Roles, rows: int, room: int

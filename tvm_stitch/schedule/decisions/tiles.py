@@ -98,16 +98,21 @@ def tile_threads(width: int, threads: int) -> int | None:
 
 
 def choose_tiles(options: list[int], roles: Roles, rows: int, threads: int, wave: int,
-                 elements: int) -> tuple[int, int]:
+                 elements: int, beyond_wave: bool = False) -> tuple[int, int]:
     """Row tiles and column tiles per row tile of the row phases: the first of ``options``
     (``column_tile_options``) whose lanes (threads per tile column) divide the rows of a row
-    tile, with as many row tiles as then fit ``wave`` tasks; else no column tiles."""
+    tile, with as many row tiles as then fit ``wave`` tasks; with ``beyond_wave``, where
+    none fits the wave, the first whose lanes divide the rows on one row tile (the
+    persistent grid walks its tasks in rounds); else no column tiles."""
     partial_sums = bool(roles.columns)
+    width = next(iter(roles.columns.values()), 0)
     for column_tiles in options:
         if column_tiles > wave:  # not even one row tile's column tiles fit the wave
             continue
         tiles = row_tiles(rows, wave // column_tiles, partial_sums, elements)
-        width = next(iter(roles.columns.values())) // column_tiles
-        if (rows // tiles) % (threads // width) == 0:
+        if (rows // tiles) % (threads // (width // column_tiles)) == 0:
             return tiles, column_tiles
+    for column_tiles in options if beyond_wave else []:
+        if rows % (threads // (width // column_tiles)) == 0:
+            return 1, column_tiles
     return row_tiles(rows, wave, partial_sums, elements), 1
