@@ -163,17 +163,13 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
     accumulators = {name: roles.columns[name] * elements[name] for name in roles.columns}
     needed = sum(accumulators.values())
     in_registers: dict[str, int] = {}  # column reduction -> partial sums per thread
-    by_column = needed > budget // 4 and not symbolic and split == 1 and threads is None \
-        and _element_wise_rows(roles, infos, gpu, mapping)
+    tileable = needed > budget // 4 and not symbolic and split == 1 and threads is None
+    by_column = tileable and _element_wise_rows(roles, infos, gpu, mapping)
+    if tileable and (by_column or not infos):
+        narrowed = _narrowed(sch, roles, dec, mapping, choices, length, by_column)
+        by_column = by_column and narrowed is not None
+        mapping = replace(mapping, threads_per_row=narrowed or mapping.threads_per_row)
     if by_column:
-        narrowed = mapping.threads_per_row
-        if not _column_tiles(sch, roles, dec, mapping, choices, symbolic, True) \
-                and choices.threads_per_row is None:
-            narrowed = tile_threads(length, narrowed)
-        by_column = narrowed is not None and bool(_column_tiles(
-            sch, roles, dec, replace(mapping, threads_per_row=narrowed), choices, symbolic, True))
-    if by_column:
-        mapping = replace(mapping, threads_per_row=narrowed)
         _unstage_rows(sch, dec, needed, budget, rows)
     tiled = _tiles_for_sums(sch, roles, dec, mapping, choices, symbolic, accumulators,
                             elements, budget, gpu, rows * length, by_column) \
@@ -356,6 +352,25 @@ def _element_wise_rows(roles: Roles, infos: dict[str, BlockRows], gpu: GPU,
     return len(widths) == 1 and mapping.rows // MIN_TILE_ROWS < wave // 2 \
         and all(roles.levels[n] == 0 for n in (*roles.columns, *infos)) \
         and all(not info.is_reduction and info.elements in widths for info in infos.values())
+
+
+def _narrowed(sch: s_tir.Schedule, roles: Roles, dec: Decisions, mapping: ThreadMapping,
+              choices: Choices, length: int, rows_by_column: bool) -> int | None:
+    """Threads per block whose column tiles the row phase can take: the mapping's where it
+    has some, else (unless the choices fix the threads) the most that divide ``length``
+    into tiles as wide as the block (``tiles.tile_threads``); None when neither has any.
+    Three column sums over 16000 columns kept 48 sums per thread in registers beside their
+    rolled re-reads and spilled 72 B; blocks of 1000 threads take 16 tiles of 1000."""
+    if _column_tiles(sch, roles, dec, mapping, choices, False, rows_by_column):
+        return mapping.threads_per_row
+    if choices.threads_per_row is not None:
+        return None
+    narrowed = tile_threads(length, mapping.threads_per_row)
+    if narrowed is None or not _column_tiles(
+            sch, roles, dec, replace(mapping, threads_per_row=narrowed), choices, False,
+            rows_by_column):
+        return None
+    return narrowed
 
 
 def _unstage_rows(sch: s_tir.Schedule, dec: Decisions, needed: int, budget: int,
