@@ -94,11 +94,37 @@ def test_mixed_reduction_stitches_and_matches_onnxruntime(name: str) -> None:
     assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
 
 
+def _softmax_then_scalar_ops(op: str, shape: list[int], axis: int):
+    # fuzz graphs 3301:234 and :274: element-wise ops with scalar operands read the softmax
+    # next, and it was TVM's kernel ("window or mixed reduction"): they now apply to the
+    # softmax's rows, and the transpose back follows them
+    nodes = [helper.make_node(op, ["x"], ["s"], axis=axis),
+             helper.make_node("Mul", ["s", "scale"], ["m"]),
+             helper.make_node("Tanh", ["m"], ["y"])]
+    return model(nodes, {"x": shape}, {"y": shape}, {"scale": np.array(2.0, np.float32)})
+
+
 SOFTMAXES = {
     "softmax_middle": lambda: _softmax("Softmax", [31, 2, 4], -2),
     "log_softmax_middle": lambda: _softmax("LogSoftmax", [4, 512, 16], 1),
     "softmax_channels": lambda: _softmax("Softmax", [2, 64, 28, 28], 1),  # 100,352 elements
+    "softmax_channels_then_scalar_ops":
+        lambda: _softmax_then_scalar_ops("Softmax", [2, 64, 28, 28], 1),
+    "log_softmax_middle_then_scalar_ops":
+        lambda: _softmax_then_scalar_ops("LogSoftmax", [16, 512, 8], 1),
 }
+
+
+def test_a_softmax_read_next_by_a_tensor_operand_is_left_as_it_is() -> None:
+    # an element-wise reader with another tensor operand would read it through the
+    # transpose too: the softmax stays TVM's kernel
+    nodes = [helper.make_node("Softmax", ["x"], ["s"], axis=1),
+             helper.make_node("Add", ["s", "x"], ["y"])]
+    built = model(nodes, {"x": [4, 64, 16]}, {"y": [4, 64, 16]})
+    plan = StitchPlan.of_module(verify.compile_model(built, "stitch"))
+    assert not any("softmax_back" in op for g in plan.groups for op in g.ops), plan
+    outcome = check_model(built, "stitch")
+    assert outcome.kind == "ok", outcome.error
 
 
 @pytest.mark.parametrize("name", sorted(SOFTMAXES))

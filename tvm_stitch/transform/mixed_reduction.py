@@ -159,9 +159,11 @@ _COMPUTE = frozenset({"relax.matmul", "relax.nn.conv1d", "relax.nn.conv2d", "rel
 
 
 def _sink_softmaxes(func: relax.Function) -> set[relax.Call]:
-    """The softmax calls of ``func`` whose result no memory-intensive op reads (it is
-    returned, or read by matmuls only): transposed back, the transpose is the last op of
-    the softmax's kernel, written in place (``grouping._permuted_sink``)."""
+    """The softmax calls of ``func`` whose result no memory-intensive op reads but
+    element-wise ops with scalar operands, at most ``MAX_PUSHED`` of them in a chain (it is
+    returned, or read by matmuls only, in the end): transposed back after those ops
+    (``_MixedReduction._sunk``), the transpose is the last op of the softmax's kernel,
+    written in place (``grouping._permuted_sink``)."""
     bound = _bound(func)
     read: dict[relax.Var, list[relax.Expr]] = {}
     for value in bound.values():
@@ -170,11 +172,27 @@ def _sink_softmaxes(func: relax.Function) -> set[relax.Call]:
         for arg in args:
             if isinstance(arg, relax.Var):
                 read.setdefault(arg, []).append(value)
+    var_of = {v: k for k, v in bound.items() if isinstance(v, relax.Call)}
+
+    def sinks(var: relax.Var, budget: int) -> bool:
+        return all(isinstance(user, relax.Tuple | relax.Var)
+                   or (isinstance(user, relax.Call) and _is(user, _COMPUTE))
+                   or (budget > 0 and _scalar_element_wise(user) and user in var_of
+                       and sinks(var_of[user], budget - 1))
+                   for user in read.get(var, []))
+
     return {value for var, value in bound.items()
             if isinstance(value, relax.Call) and _is(value, _SOFTMAX)
-            and all(isinstance(user, relax.Tuple | relax.Var)
-                    or (isinstance(user, relax.Call) and _is(user, _COMPUTE))
-                    for user in read.get(var, []))}
+            and sinks(var, MAX_PUSHED)}
+
+
+def _scalar_element_wise(expr: relax.Expr) -> bool:
+    """Whether ``expr`` is an element-wise call whose operands are one tensor and scalars:
+    it applies alike to the elements of a transposed view of that tensor."""
+    if not (isinstance(expr, relax.Call) and _is(expr, _ELEMENT_WISE)):
+        return False
+    ranks = [_static_dims(a) for a in expr.args]
+    return None not in ranks and sum(1 for r in ranks if r) == 1
 
 
 def _is(call: relax.Call, table: dict | frozenset) -> bool:
@@ -189,6 +207,8 @@ class _MixedReduction(relax.PyExprMutator):
     outputs: list[relax.Var] = []
     pooled: set[relax.Call] = set()
     sinks: set[relax.Call] = set()
+    # a sink softmax's result transposed back -> (its rows, the rows' extents, the inverse)
+    transposed_back: dict[relax.Var, tuple[relax.Var, list[int | None], list[int]]] = {}
 
     def visit_function_(self, func: relax.Function) -> relax.Expr:
         """``func`` rewritten, knowing the variables it returns and the softmaxes a
@@ -197,17 +217,52 @@ class _MixedReduction(relax.PyExprMutator):
         self.outputs = _function_outputs(func) if seq else []
         self.pooled = _pooled_softmaxes(func) if seq else set()
         self.sinks = _sink_softmaxes(func) if seq else set()
+        self.transposed_back = {}
         return super().visit_function_(func)
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         """The transposed form of a mixed reduction or softmax; other calls unchanged."""
         pays = call in self.pooled or call in self.sinks
+        sink = call in self.sinks
         call = super().visit_call_(call)
         if _is(call, REDUCTIONS):
             return self._reduction(call)
         if _is(call, _SOFTMAX):
-            return self._softmax(call, pays)
+            return self._softmax(call, pays, sink)
+        if _scalar_element_wise(call):
+            return self._sunk(call)
         return call
+
+    def _sunk(self, call: relax.Call) -> relax.Expr:
+        """An element-wise op with scalar operands of a sink softmax's result transposed
+        back (``transposed_back``) applied to the softmax's rows instead, and transposed
+        back after it: the transpose moves to the end of the chain, where it is the
+        kernel's permuted write. Other calls unchanged."""
+        found = [(a, self._alias_of(a)) for a in call.args if isinstance(a, relax.Var)]
+        found = [(a, b) for a, b in found if b in self.transposed_back]
+        if not found:
+            return call
+        arg, back = found[0]
+        rows, dims, inverse = self.transposed_back[back]
+        args = [rows if a.same_as(arg) else a for a in call.args]
+        result = self.builder_.emit(relax.Call(call.op, args, call.attrs, call.ty_args),
+                                    name_hint="softmax_rows")
+        return self._transposed_back(result, dims, inverse)
+
+    def _alias_of(self, var: relax.Var) -> relax.Var:
+        """The variable ``var`` is bound to, through bindings of one variable to another."""
+        while var not in self.transposed_back:
+            bound = self.lookup_binding(var)
+            if not isinstance(bound, relax.Var):
+                break
+            var = bound
+        return var
+
+    def _transposed_back(self, rows: relax.Var, dims: list[int | None], inverse: list[int]
+                         ) -> relax.Var:
+        back = self.builder_.emit(_permuted(rows, dims, inverse), name_hint="softmax_back")
+        self.transposed_back[back] = (rows, dims, inverse)
+        return back
 
     def _view(self, data: relax.Expr, dims: list[int | None], perm: list[int],
               name: str) -> relax.Expr | None:
@@ -317,7 +372,7 @@ class _MixedReduction(relax.PyExprMutator):
         return relax.op.reshape(self.builder_.emit(result, name_hint="reduced"),
                                 call.ty.shape)
 
-    def _softmax(self, call: relax.Call, pays: bool) -> relax.Expr:
+    def _softmax(self, call: relax.Call, pays: bool, sink: bool) -> relax.Expr:
         """A softmax over a middle axis as one over the last axis of a transposed view,
         transposed back. Only where that saves more than the transpose back costs: the
         input is made by element-wise ops (they stitch into the softmax's kernel through
@@ -349,6 +404,8 @@ class _MixedReduction(relax.PyExprMutator):
         result = self.builder_.emit(_SOFTMAX[call.op.name](moved, axis=-1),
                                     name_hint="softmax_rows")
         inverse = [perm.index(a) for a in range(len(dims))]
+        if sink:  # element-wise readers apply to the rows, the transpose back after them
+            return self._transposed_back(result, [dims[a] for a in perm], inverse)
         return _permuted(result, [dims[a] for a in perm], inverse)
 
 
