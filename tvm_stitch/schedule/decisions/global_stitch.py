@@ -176,17 +176,18 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
         if needed > budget // 4 else 1
     if tiled == 1 and needed > budget // 4:
         in_registers = _partial_sums_in_registers(sch, roles, mapping)
-        dec.demotions.append(Demotion(DemotionKind.PARTIAL_SUMS_IN_REGISTERS,
-                                      after=_held_sums(sch, in_registers), used=needed,
-                                      budget=budget))
         accumulators = {n: size for n, size in accumulators.items() if n not in in_registers}
     else:
         accumulators = {n: _tiled(size, tiled, mapping, elements[n])
                         for n, size in accumulators.items()}
+    held_sums = _held_sums(sch, in_registers)  # registers the partial sums take per thread
+    if in_registers:
+        dec.demotions.append(Demotion(DemotionKind.PARTIAL_SUMS_IN_REGISTERS, after=held_sums,
+                                      used=needed, budget=budget))
     available = budget - sum(accumulators.values())
     reserve = _kept_reserve(sch, func, roles, infos, mapping, rows, dec, available, gpu) \
         if split > 1 else 0
-    mapping = fit_budget(sch, dec, mapping, available - reserve, _held_sums(sch, in_registers))
+    mapping = fit_budget(sch, dec, mapping, available - reserve, held_sums)
     vector = chosen_vector(row_vector(length, widest_element(sch, func)), choices)
     # As in a row group (a vector would not follow held registers), and only when every
     # thread gets a whole vector: the block's threads are sized for scalar accesses, and
@@ -225,7 +226,7 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
     walked = replace(mapping, row_length=length // column_tiles) if column_tiles > 1 \
         else mapping
     reread, per_row = register_cache(sch, func, dec, walked, infos)
-    sums = _held_sums(sch, in_registers)  # held for the whole tile, as the row walk's elements
+    sums = held_sums  # held for the whole tile, as the row walk's elements
     room = cached_room(launch, sums)
     rolled: frozenset[str] = frozenset()
     if per_row > room:
@@ -310,7 +311,7 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
     launch = replace(launch_for_grid(gpu, launch, grid) if split > 1 else launch, grid=grid)
     unrolled = bound_unrolling(sch, func, infos, mapping,
                                on_chip_inputs(sch, func, dec, per_row) - rolled,
-                               loads_room(launch, per_row, _held_sums(sch, in_registers)),
+                               loads_room(launch, per_row, held_sums),
                                frozenset(h.name for h in dec.held), rolled=rolled)
     return replace(group, mapping=mapping, inlined=tuple(dec.inlined),
                    buffers=plan_buffers(dec, mapping, reused) + accumulated + partials + staged
