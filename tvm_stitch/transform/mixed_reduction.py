@@ -11,15 +11,19 @@ moved last: a row reduction, whose rows gather the reduced elements of each kept
 row of a column reduction as one contiguous run of its input, which a transposed input is
 not.) A softmax or log-softmax over a middle axis is the same op over the last axis of a
 transposed input, transposed back (one over the first axis is a column softmax, which
-Global stitching maps as it is). The transpose into the reduction stitches into the
-reduction's kernel, which reads the input through it (grouping merges a transpose that only
-a reduction reads into that reduction first); the one back may be a kernel of its own. A
+Global stitching maps as it is where it has more rows than columns, ``_few_rows``). The
+transpose into the reduction stitches into the reduction's kernel, which reads the input
+through it (grouping merges a transpose that only a reduction reads into that reduction
+first); the one back may be a kernel of its own. A
 transposed view of a transpose is one transpose of its source, and none when the two cancel:
 attention pooling (a softmax over the steps of (B, T, E), weighting a sum over them) reads
 the softmax's rows as they are made, one kernel.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from math import prod
 
 import tvm
 import tvm_ffi
@@ -79,15 +83,15 @@ is) and ops whose result is written to global memory anyway (a matmul's, a norma
 TVM fuses no reduction after another)."""
 
 
-def _read_through(builder: relax.PyExprMutator, data: relax.Expr,
+def _read_through(lookup: Callable[[relax.Var], relax.Expr | None], data: relax.Expr,
                   outputs: list[relax.Var]) -> bool:
     """Whether a reduction of ``data`` read through a transpose moves no more bytes than it
     does now: ``data`` is a parameter, a constant, a result of the function (``outputs``:
     written anyway), or the result of a copy or a matmul. The result of an element-wise op
     is not: TVM fuses it into the reduction, but the stitched transpose breaks its rows, so
     it would be written for the reduction to read back (the attention-weighted sum over the
-    sequence axis of DIEN moved 64 KB more)."""
-    bound = builder.lookup_binding(data) if isinstance(data, relax.Var) else None
+    sequence axis of DIEN moved 64 KB more). ``lookup`` gives a variable's bound value."""
+    bound = lookup(data) if isinstance(data, relax.Var) else None
     if bound is None or any(data.same_as(v) for v in outputs):
         return True
     return isinstance(bound, relax.Call) and isinstance(bound.op, tvm.ir.Op) \
@@ -160,11 +164,13 @@ _COMPUTE = frozenset({"relax.matmul", "relax.nn.conv1d", "relax.nn.conv2d", "rel
 
 def _sink_softmaxes(func: relax.Function) -> set[relax.Call]:
     """The softmax calls of ``func`` whose result no memory-intensive op reads but
-    element-wise ops with scalar operands, at most ``MAX_PUSHED`` of them in a chain (it is
-    returned, or read by matmuls only, in the end): transposed back after those ops
-    (``_MixedReduction._sunk``), the transpose is the last op of the softmax's kernel,
-    written in place (``grouping._permuted_sink``)."""
+    element-wise ops whose other operands are scalars or read through a transpose
+    (``_sinkable``), at most ``MAX_PUSHED`` of them in a chain (it is returned, or read by
+    matmuls only, in the end): transposed back after those ops (``_MixedReduction._sunk``),
+    the transpose is the last op of the softmax's kernel, written in place
+    (``grouping._permuted_sink``)."""
     bound = _bound(func)
+    outputs = _function_outputs(func)
     read: dict[relax.Var, list[relax.Expr]] = {}
     for value in bound.values():
         args = value.args if isinstance(value, relax.Call) else \
@@ -177,7 +183,8 @@ def _sink_softmaxes(func: relax.Function) -> set[relax.Call]:
     def sinks(var: relax.Var, budget: int) -> bool:
         return all(isinstance(user, relax.Tuple | relax.Var)
                    or (isinstance(user, relax.Call) and _is(user, _COMPUTE))
-                   or (budget > 0 and _scalar_element_wise(user) and user in var_of
+                   or (budget > 0 and user in var_of
+                       and _sinkable(user, var, bound.get, outputs)
                        and sinks(var_of[user], budget - 1))
                    for user in read.get(var, []))
 
@@ -186,17 +193,40 @@ def _sink_softmaxes(func: relax.Function) -> set[relax.Call]:
             and sinks(var, MAX_PUSHED)}
 
 
-def _scalar_element_wise(expr: relax.Expr) -> bool:
-    """Whether ``expr`` is an element-wise call whose operands are one tensor and scalars:
-    it applies alike to the elements of a transposed view of that tensor."""
+def _sinkable(expr: relax.Expr, var: relax.Var,
+              lookup: Callable[[relax.Var], relax.Expr | None],
+              outputs: list[relax.Var]) -> bool:
+    """Whether ``expr`` is an element-wise call of ``var`` of ``var``'s shape that applies
+    alike to the elements of a transposed view of ``var``: its other operands are scalars,
+    or tensors read through a transpose at no cost (``_read_through``): a column softmax
+    plus its input, say."""
     if not (isinstance(expr, relax.Call) and _is(expr, _ELEMENT_WISE)):
         return False
-    ranks = [_static_dims(a) for a in expr.args]
-    return None not in ranks and sum(1 for r in ranks if r) == 1
+    dims = _static_dims(var)
+    if dims is None or None in dims or _static_dims(expr) != dims:
+        return False
+    for arg in expr.args:
+        shape = _static_dims(arg)
+        if arg.same_as(var) or shape == []:
+            continue
+        if shape is None or len(shape) > len(dims) or not _read_through(lookup, arg, outputs):
+            return False
+    return True
 
 
 def _is(call: relax.Call, table: dict | frozenset) -> bool:
     return isinstance(call.op, tvm.ir.Op) and call.op.name in table
+
+
+def _few_rows(dims: list[int | None], axis: int) -> bool:
+    """Whether a column softmax over ``axis`` (no longer axis before it) of extents ``dims``
+    has no more rows than columns: as strided rows of a transposed view (a row per column,
+    threads side by side along the columns) it reads and writes each element once in one
+    pass, with no grid barrier, where Global stitching combines (maximum, sum) pairs of
+    row tiles through global memory between phases, and TVM's kernel reads a column per
+    block, each thread a sector of its own. With many rows and few columns, strided rows
+    would leave most of the GPU idle: Global stitching maps those."""
+    return None not in dims and dims[axis] <= prod(dims[axis + 1:])
 
 
 @relax.expr_functor.mutator
@@ -209,6 +239,8 @@ class _MixedReduction(relax.PyExprMutator):
     sinks: set[relax.Call] = set()
     # a sink softmax's result transposed back -> (its rows, the rows' extents, the inverse)
     transposed_back: dict[relax.Var, tuple[relax.Var, list[int | None], list[int]]] = {}
+    # (a variable, a permutation) -> its transposed view emitted in this function
+    views: dict[tuple[relax.Var, tuple[int, ...]], relax.Expr] = {}
 
     def visit_function_(self, func: relax.Function) -> relax.Expr:
         """``func`` rewritten, knowing the variables it returns and the softmaxes a
@@ -218,6 +250,7 @@ class _MixedReduction(relax.PyExprMutator):
         self.pooled = _pooled_softmaxes(func) if seq else set()
         self.sinks = _sink_softmaxes(func) if seq else set()
         self.transposed_back = {}
+        self.views = {}
         return super().visit_function_(func)
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
@@ -229,22 +262,30 @@ class _MixedReduction(relax.PyExprMutator):
             return self._reduction(call)
         if _is(call, _SOFTMAX):
             return self._softmax(call, pays, sink)
-        if _scalar_element_wise(call):
+        if _is(call, _ELEMENT_WISE):
             return self._sunk(call)
         return call
 
     def _sunk(self, call: relax.Call) -> relax.Expr:
-        """An element-wise op with scalar operands of a sink softmax's result transposed
-        back (``transposed_back``) applied to the softmax's rows instead, and transposed
-        back after it: the transpose moves to the end of the chain, where it is the
-        kernel's permuted write. Other calls unchanged."""
+        """An element-wise op of a sink softmax's result transposed back
+        (``transposed_back``) applied to the softmax's rows instead, its other tensor
+        operands read through the same transpose, and transposed back after it: the
+        transpose moves to the end of the chain, where it is the kernel's permuted write.
+        Other calls unchanged."""
         found = [(a, self._alias_of(a)) for a in call.args if isinstance(a, relax.Var)]
         found = [(a, b) for a, b in found if b in self.transposed_back]
-        if not found:
+        if not found or not _sinkable(call, found[0][0], self.lookup_binding, self.outputs):
             return call
         arg, back = found[0]
         rows, dims, inverse = self.transposed_back[back]
-        args = [rows if a.same_as(arg) else a for a in call.args]
+        perm = [inverse.index(a) for a in range(len(inverse))]
+        args = []
+        for a in call.args:
+            view = rows if a.same_as(arg) else a if _static_dims(a) == [] else \
+                self._view(a, _static_dims(arg), perm, "softmax_operand")
+            if view is None:
+                return call
+            args.append(view)
         result = self.builder_.emit(relax.Call(call.op, args, call.attrs, call.ty_args),
                                     name_hint="softmax_rows")
         return self._transposed_back(result, dims, inverse)
@@ -274,7 +315,7 @@ class _MixedReduction(relax.PyExprMutator):
         budget = [MAX_PUSHED]
 
         def pushed(expr: relax.Expr) -> relax.Expr | None:
-            if _read_through(self, expr, self.outputs):
+            if _read_through(self.lookup_binding, expr, self.outputs):
                 shape = _static_dims(expr)
                 if shape is None:
                     return None
@@ -299,7 +340,7 @@ class _MixedReduction(relax.PyExprMutator):
                 return None
             return self.builder_.emit(relax.Call(bound.op, args, bound.attrs), name_hint=name)
 
-        if _read_through(self, data, self.outputs):
+        if _read_through(self.lookup_binding, data, self.outputs):
             return self._transposed(data, dims, perm, name)
         return pushed(data)
 
@@ -309,7 +350,18 @@ class _MixedReduction(relax.PyExprMutator):
         transpose is one transpose of its source, read through as the first was, and none
         when the two cancel: a softmax over a middle axis transposed back, then into a
         reduction over that axis (attention pooling), reads the softmax's rows as they are,
-        where two transposes in a row left a kernel of their own between the two groups."""
+        where two transposes in a row left a kernel of their own between the two groups.
+        A view already emitted is reused: a kernel reading it twice (a column softmax plus
+        its input) reads it once."""
+        if not isinstance(data, relax.Var):
+            return self._emit_transposed(data, dims, perm, name)
+        key = (data, tuple(perm))
+        if key not in self.views:
+            self.views[key] = self._emit_transposed(data, dims, perm, name)
+        return self.views[key]
+
+    def _emit_transposed(self, data: relax.Expr, dims: list[int | None], perm: list[int],
+                         name: str) -> relax.Expr:
         bound = self.lookup_binding(data) if isinstance(data, relax.Var) else None
         if isinstance(bound, relax.Call) and _is(bound, {"relax.permute_dims": None}) \
                 and bound.attrs.axes is not None:
@@ -319,7 +371,8 @@ class _MixedReduction(relax.PyExprMutator):
             source_dims = _static_dims(source)
             if composed == sorted(composed):
                 return source
-            if source_dims is not None and _read_through(self, source, self.outputs):
+            if source_dims is not None \
+                    and _read_through(self.lookup_binding, source, self.outputs):
                 return self.builder_.emit(_permuted(source, source_dims, composed),
                                           name_hint=name)
         return self.builder_.emit(_permuted(data, dims, perm), name_hint=name)
@@ -390,13 +443,14 @@ class _MixedReduction(relax.PyExprMutator):
         if dims is None:
             return call
         axis = int(call.attrs.axis) % len(dims)
-        if axis == len(dims) - 1 or all(d == 1 for d in dims[:axis]):
-            return call  # a row softmax, or a column softmax (Global stitching maps both)
+        if axis == len(dims) - 1 or (all(d == 1 for d in dims[:axis])
+                                     and not _few_rows(dims, axis)):
+            return call  # a row softmax, or a column softmax of many rows (Global stitching)
         # with the axes after it (even of extent 1: the TIR then reduces an inner axis)
         perm = [a for a in range(len(dims)) if a != axis] + [axis]
         view = None not in dims and [a for a in perm if dims[a] != 1] == sorted(
             a for a in perm if dims[a] != 1)  # a reshape both ways (``_permuted``)
-        if not (pays or view) and _read_through(self, data, self.outputs):
+        if not (pays or view) and _read_through(self.lookup_binding, data, self.outputs):
             return call
         moved = self._view(data, dims, perm, "softmax_view")
         if moved is None:
