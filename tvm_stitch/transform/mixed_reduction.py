@@ -239,7 +239,7 @@ class _MixedReduction(relax.PyExprMutator):
     sinks: set[relax.Call] = set()
     # a sink softmax's result transposed back -> (its rows, the rows' extents, the inverse)
     transposed_back: dict[relax.Var, tuple[relax.Var, list[int | None], list[int]]] = {}
-    # (a variable, a permutation) -> its transposed view emitted in this function
+    # (a sink softmax's input, its permutation) -> the view the softmax reads
     views: dict[tuple[relax.Var, tuple[int, ...]], relax.Expr] = {}
 
     def visit_function_(self, func: relax.Function) -> relax.Expr:
@@ -281,7 +281,9 @@ class _MixedReduction(relax.PyExprMutator):
         perm = [inverse.index(a) for a in range(len(inverse))]
         args = []
         for a in call.args:
+            # the softmax's own input is read through the view the softmax reads: once
             view = rows if a.same_as(arg) else a if _static_dims(a) == [] else \
+                self.views.get((a, tuple(perm))) if (a, tuple(perm)) in self.views else \
                 self._view(a, _static_dims(arg), perm, "softmax_operand")
             if view is None:
                 return call
@@ -350,18 +352,7 @@ class _MixedReduction(relax.PyExprMutator):
         transpose is one transpose of its source, read through as the first was, and none
         when the two cancel: a softmax over a middle axis transposed back, then into a
         reduction over that axis (attention pooling), reads the softmax's rows as they are,
-        where two transposes in a row left a kernel of their own between the two groups.
-        A view already emitted is reused: a kernel reading it twice (a column softmax plus
-        its input) reads it once."""
-        if not isinstance(data, relax.Var):
-            return self._emit_transposed(data, dims, perm, name)
-        key = (data, tuple(perm))
-        if key not in self.views:
-            self.views[key] = self._emit_transposed(data, dims, perm, name)
-        return self.views[key]
-
-    def _emit_transposed(self, data: relax.Expr, dims: list[int | None], perm: list[int],
-                         name: str) -> relax.Expr:
+        where two transposes in a row left a kernel of their own between the two groups."""
         bound = self.lookup_binding(data) if isinstance(data, relax.Var) else None
         if isinstance(bound, relax.Call) and _is(bound, {"relax.permute_dims": None}) \
                 and bound.attrs.axes is not None:
@@ -459,6 +450,8 @@ class _MixedReduction(relax.PyExprMutator):
                                     name_hint="softmax_rows")
         inverse = [perm.index(a) for a in range(len(dims))]
         if sink:  # element-wise readers apply to the rows, the transpose back after them
+            if isinstance(data, relax.Var):
+                self.views[(data, tuple(perm))] = moved
             return self._transposed_back(result, [dims[a] for a in perm], inverse)
         return _permuted(result, [dims[a] for a in perm], inverse)
 
