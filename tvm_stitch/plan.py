@@ -95,6 +95,8 @@ class DemotionKind(StrEnum):
     ROW_TILES_KEPT = "row tiles kept"  # fewer would not fit one wave
     ROLLED_REREADS = "rolled re-reads"  # re-read inputs read again in rolled loops
     ROWS_IN_COLUMN_TILES = "rows in column tiles"  # nothing staged per row: tasks take parts
+    ONE_PERMUTED_ROW = "one permuted row"  # a block per row, for an input staged per row
+    PERMUTED_REREAD = "permuted re-read"  # an input staged per permuted row, re-read
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,12 @@ _DEMOTION_TEXT = {
         "element-wise rows in column tiles beside the partial sums ({used} B of shared memory "
         "> a quarter of {budget} B, {before} row tile(s)): {subject} read again from global "
         "memory or recomputed, not staged per row",
+    DemotionKind.ONE_PERMUTED_ROW:
+        "rows per block {before} -> {after}: input {subject} is staged per row read at "
+        "permuted rows, and the rows a block packs lie apart in it",
+    DemotionKind.PERMUTED_REREAD:
+        "input {subject} re-read from global memory: read at permuted rows, the {before} rows "
+        "a block packs lie apart in it",
 }
 
 

@@ -487,6 +487,12 @@ def _bind_at_step(sch: s_tir.Schedule, mapping: ThreadMapping,
         if len(loops) != 2:
             raise Unstitchable(f"block {name_of(sch, block)}: compute-at made {len(loops)} "
                                "loops for (row, element)")
+        covered = sch.get(loops[0]).extent
+        if isinstance(covered, tirx.IntImm) and int(covered) > mapping.rows_per_block:
+            # its rows lie apart (an input staged at permuted rows): bound to threadIdx.y,
+            # the rows past the block's would never be computed
+            raise Unstitchable(f"block {name_of(sch, block)} covers {int(covered)} rows at a "
+                               f"step of {mapping.rows_per_block}")
         if mapping.rows_per_block > 1 and _is_unit(sch.get(loops[1]).extent):
             # One element per packed row (a token id staged for its row): every thread of
             # the row computes it, so each reads what it wrote itself. Written by the row's

@@ -16,6 +16,7 @@ from ...plan import (
     Demotion,
     DemotionKind,
     Group,
+    MappingKind,
     StorageLevel,
     ThreadMapping,
 )
@@ -135,7 +136,8 @@ def decide_rows(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: in
         mapping = replace(mapping, row_length=length, mapped_length=mapped,
                           length_bound=bound or 0,
                           length_expr=symbolic_extent([i.size for i in longest.element_iters]))
-    mapping = chosen_row_mapping(mapping, choices, max_threads)
+    mapping = _one_permuted_row(dec, chosen_row_mapping(mapping, choices, max_threads),
+                                choices.rows_per_block is not None)
     hold_chosen(sch, dec, mapping, choices)
     if choices.rows_per_block is None and choices.row_steps is None and not strided:
         mapping = _pack_horizontally(dec, mapping, gpu, budget, max_threads)
@@ -165,6 +167,31 @@ def decide_rows(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: in
                    buffers=plan_buffers(dec, mapping, reused),
                    shared_bytes=shared, shared_budget=budget,
                    demotions=tuple(dec.demotions), launch=launch, unrolled=unrolled)
+
+
+def _one_permuted_row(dec: Decisions, mapping: ThreadMapping, chosen: bool) -> ThreadMapping:
+    """``mapping`` for a group whose inputs read at permuted rows (``Staging.permuted``) are
+    staged one row at a time. The rows a block packs lie apart in such an input, and TVM
+    stages the box around them with threads bound to more rows than the block has: a
+    LayerNorm of a transposed (256, 2, 3), 2 rows per block, read a row never staged (fuzz
+    graph 6613:191, max error 2.1). Unless the rows per block are ``chosen`` (a tuner's
+    candidate) or strided (rows across a warp's lanes), a block takes one row and keeps the
+    staging; else those inputs are re-read from global memory."""
+    permuted = [s for s in dec.staged if s.permuted]
+    if not permuted or mapping.rows_per_block == 1:
+        return mapping
+    if not chosen and mapping.kind is not MappingKind.STRIDED_ROWS:
+        dec.demotions.append(Demotion(DemotionKind.ONE_PERMUTED_ROW,
+                                      ", ".join(s.name for s in permuted),
+                                      before=mapping.rows_per_block, after=1))
+        return replace(mapping, rows_per_block=1)
+    for staging in permuted:
+        dec.staged.remove(staging)
+        dec.global_reads.append(Buffer(staging.name, BufferRole.INPUT, StorageLevel.GLOBAL, 0,
+                                       "demoted: re-read from global memory"))
+        dec.demotions.append(Demotion(DemotionKind.PERMUTED_REREAD, staging.name,
+                                      before=mapping.rows_per_block))
+    return mapping
 
 
 def strided_rows(sch: s_tir.Schedule, func: tirx.PrimFunc, infos: dict[str, BlockRows]
@@ -462,7 +489,8 @@ def decide_staging(sch: s_tir.Schedule, func: tirx.PrimFunc, infos: dict[str, Bl
         elif sites >= 2 and all(permuted_row(info, r, rows) for info, r in regions):
             dec.staged.append(Staging(param.name, BufferRole.INPUT,
                                       row_elements(param, rows) * bytes_of(param),
-                                      f"read at {sites} places in a permuted row"))
+                                      f"read at {sites} places in a permuted row",
+                                      permuted=True))
         elif span > 1 and len(param.shape) > 0:
             size = elements_of(param) * span // rows * bytes_of(param)
             dec.block_shared.append(BlockShared(param.name, max(size, bytes_of(param)), span))
@@ -556,6 +584,7 @@ def _pack_horizontally(dec: Decisions, mapping: ThreadMapping, gpu: GPU, budget:
     if symbolic:  # its block then stages the inputs every row reads alike, and only those
         dec = replace(dec, block_shared=_every_row(dec, mapping.rows))
     if not dec.block_shared or mapping.rows_per_block != 1 \
+            or any(s.permuted for s in dec.staged) \
             or mapping.threads_per_row <= WARP_SIZE or mapping.length_expr \
             or (not symbolic and any(is_symbolic(b.span) for b in dec.block_shared)) \
             or shared_bytes_of(dec, mapping) > budget:

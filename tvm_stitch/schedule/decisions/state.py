@@ -29,6 +29,7 @@ class Staging:
     block: str = ""  # writer block (for intermediates that may be recomputed)
     own: bool = False  # (an input) every reader reads only the element it is at
     kept: bool = False  # (an input of a split row) kept on chip across grid barriers
+    permuted: bool = False  # (an input) read at permuted rows: one row of it per block
 
     def bytes_for(self, rows_per_block: int) -> int:
         """Shared bytes for ``rows_per_block`` rows at a time."""

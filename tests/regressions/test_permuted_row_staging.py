@@ -1,0 +1,89 @@
+"""An input staged per row and read at permuted rows is staged one row per block.
+
+Fuzz graph 6613:191 (large 0.05, float16): a LayerNorm of a transposed (500, 2, 3) came out
+2.1 from onnxruntime. Its rows of 3 were packed 2 per block, and the block staged its input
+``x`` read at 5 places of a permuted row; the two rows of a block lie apart in ``x``, so TVM
+staged the box around them (3 rows) with its row loop bound to threadIdx.y, of which the
+block has 2: one row was never staged. Rows of such an input are now one per block
+(schedule/decisions/rows.py, ``_one_permuted_row``), or, where a tuner fixes the rows per
+block, the input is re-read from global memory; and emission refuses a block computed at a
+row step that covers more rows than the block has (schedule/emit.py, ``_bind_at_step``).
+The same box made a window reverse before a Swin LayerNorm (96 channels) ask for 2.2 MB of
+shared memory and fall back; it stitches now."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+from regression_models import model
+
+from tvm_stitch import verify
+from tvm_stitch.frontend.onnx import import_model
+from tvm_stitch.plan import Choices, DemotionKind, StitchPlan, StorageLevel
+from tvm_stitch.schedule.decisions import decide
+from tvm_stitch.schedule.decisions.choosing import FixedChoices, choosing
+from tvm_stitch.testing.differential import check_model
+from tvm_stitch.tuning.tasks import extract_tasks
+
+
+def _level(group, name: str) -> StorageLevel:
+    (level,) = {b.level for b in group.buffers if b.name == name}
+    return level
+
+
+def _transposed_layer_norm(shape: list[int], elem_type: int = TensorProto.FLOAT):
+    dtype = np.float16 if elem_type == TensorProto.FLOAT16 else np.float32
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[1, 0, 2]),
+             helper.make_node("LayerNormalization", ["t", "g"], ["y"], axis=2)]
+    return model(nodes, {"x": shape}, {"y": [shape[1], shape[0], shape[2]]},
+                 {"g": np.linspace(0.5, 1.5, shape[2]).astype(dtype)}, elem_type=elem_type)
+
+
+def _window_reverse_layer_norm(channels: int, window: int, windows: int):
+    tokens = windows * windows * window * window
+    nodes = [helper.make_node("Reshape", ["x", "s1"], ["r1"]),
+             helper.make_node("Transpose", ["r1"], ["t"], perm=[0, 1, 3, 2, 4, 5]),
+             helper.make_node("Reshape", ["t", "s2"], ["r2"]),
+             helper.make_node("LayerNormalization", ["r2", "g"], ["y"], axis=2)]
+    return model(nodes, {"x": [windows * windows, window * window, channels]},
+                 {"y": [1, tokens, channels]},
+                 {"s1": np.array([1, windows, windows, window, window, channels], np.int64),
+                  "s2": np.array([1, tokens, channels], np.int64),
+                  "g": np.linspace(0.5, 1.5, channels).astype(np.float32)})
+
+
+@pytest.mark.parametrize("shape,elem_type", [([500, 2, 3], TensorProto.FLOAT16),
+                                             ([256, 2, 3], TensorProto.FLOAT),
+                                             ([500, 2, 32], TensorProto.FLOAT)])
+def test_a_layer_norm_of_a_transpose_stages_one_permuted_row_per_block(
+        shape: list[int], elem_type: int) -> None:
+    built = _transposed_layer_norm(shape, elem_type)
+    plan = StitchPlan.of_module(verify.compile_model(built, "stitch"))
+    (group,) = plan.groups
+    assert group.mapping.rows_per_block == 1, group
+    assert any(d.kind is DemotionKind.ONE_PERMUTED_ROW for d in group.demotions), group
+    assert _level(group, "x") is StorageLevel.SHARED, group
+    outcome = check_model(built, "stitch")
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+
+
+def test_rows_per_block_a_tuner_fixes_re_read_the_permuted_input() -> None:
+    built = _transposed_layer_norm([256, 2, 3])
+    (task, *_) = extract_tasks(import_model(built), "cuda:sm_90")
+    choices = Choices(rows_per_block=2)
+    group = decide(task.func, task.group, task.rows, task.target, choices).group
+    assert group.mapping.rows_per_block == 2, group
+    assert _level(group, "x") is StorageLevel.GLOBAL, group
+    assert any(d.kind is DemotionKind.PERMUTED_REREAD for d in group.demotions), group
+    with choosing(FixedChoices(choices)):
+        outcome = check_model(built, "stitch")
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+
+
+def test_a_window_reverse_before_a_layer_norm_stitches() -> None:
+    built = _window_reverse_layer_norm(96, 7, 4)
+    plan = StitchPlan.of_module(verify.compile_model(built, "stitch"))
+    assert not plan.fallbacks and len(plan.groups) == 1, plan
+    outcome = check_model(built, "stitch")
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
