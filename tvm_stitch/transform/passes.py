@@ -9,12 +9,11 @@ reshape: TVM's fused schedule of such a reduction applies its epilogue to the ac
 StackReduction (a reduction over the axis a stack made, TVM's import of a variadic Max, Min,
 Sum or Mean, is an element-wise fold of the stacked tensors), MixedReduction (a reduction
 over axes mixed with kept ones, or a softmax over a middle axis, is the same op over a
-transposed input whose reduced axes trail),
-Float32Reductions (a float16 sum, mean or softmax accumulates in float32, where TVM's
-legalization accumulates in float16), the same passes as TVM's default CUDA legalization
-(LegalizeOps, with LayerNorm's corrected two-pass mean and variance, AnnotateTIROpPattern,
-FoldConstant), then StitchFuse in place of FuseOps + FuseTIR, then StitchSchedule in place of
-dlight's ApplyDefaultSchedule.
+transposed input whose reduced axes trail), the same passes as TVM's default CUDA
+legalization (LegalizeOps, with LayerNorm's corrected two-pass mean and variance, and a
+float16 sum, mean or softmax accumulating in float32 where TVM's legalization accumulates in
+float16; AnnotateTIROpPattern, FoldConstant), then StitchFuse in place of FuseOps +
+FuseTIR, then StitchSchedule in place of dlight's ApplyDefaultSchedule.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from tvm.target import Target
 from ..schedule.rule import StitchSchedule
 from .corrected_layer_norm import LEGALIZATIONS
 from .exact_power import ExactPower
-from .float32_reductions import Float32Reductions
+from .float32_reductions import FLOAT32_LEGALIZATIONS
 from .identity_views import IdentityViews
 from .mixed_reduction import MixedReduction
 from .split_slices import SplitToSlices
@@ -44,8 +43,7 @@ def fusion_passes(target: Target) -> list[tvm.transform.Pass]:
         UnitReduction(),
         StackReduction(),
         MixedReduction(),
-        Float32Reductions(),
-        relax.transform.LegalizeOps(LEGALIZATIONS),
+        relax.transform.LegalizeOps({**LEGALIZATIONS, **FLOAT32_LEGALIZATIONS}),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
         StitchFuse(target),
