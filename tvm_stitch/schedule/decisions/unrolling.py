@@ -17,7 +17,7 @@ from tvm import s_tir, tirx
 from ...plan import MappingKind, ThreadMapping, Unrolled
 from ...symbolic import shape_values
 from ..blocks import buffer_params, child_blocks, name_of, written_params
-from ..occupancy import unrolled_steps
+from ..occupancy import FULL_UNROLL_STEPS, unrolled_steps
 from ..rows import BlockRows, row_elements
 from ..vectors import spatial_block
 
@@ -57,13 +57,28 @@ def bound_unrolling(sch: s_tir.Schedule, func: tirx.PrimFunc, infos: dict[str, B
         per_step = sum(lanes if _streams_rows(p, info, mapping.rows) else 1
                        for p in inputs.values())
         longest = steps - 1 if steps > 1 and rolled & inputs.keys() else steps
-        if longest == steps and unrolled_steps(steps) * per_step <= room:
+        if longest == steps and _nvcc_steps(steps, stmt) * per_step <= room:
             continue
         fitting = min(longest, max(1, room // per_step))
         run = max(d for d in range(1, fitting + 1) if steps % d == 0)
         if run < steps:  # a loop of one step has nothing to bound
             bounded.append(Unrolled(name, run, lanes, per_step))
     return tuple(bounded)
+
+
+SMALL_BODY_FULL_UNROLL_STEPS = 2 * FULL_UNROLL_STEPS
+"""Most steps of a reduction's loop over a thread's row elements that nvcc may unroll fully:
+a LayerNorm's variance over a row of 65535 on 1024 threads (64 steps, a load, a subtraction
+and a multiply-add each) was unrolled whole under ``--use_fast_math`` on sm_80: 64 registers
+and 20 B spilled where runs of 32 took 64 and none (fuzz graph 818016:38)."""
+
+
+def _nvcc_steps(steps: int, block: s_tir.stmt.SBlock) -> int:
+    """Steps of a block's loop of ``steps`` that nvcc may unroll at once: a reduction's small
+    body up to ``SMALL_BODY_FULL_UNROLL_STEPS`` whole, else ``occupancy.unrolled_steps``."""
+    if not spatial_block(block) and steps <= SMALL_BODY_FULL_UNROLL_STEPS:
+        return steps
+    return unrolled_steps(steps)
 
 
 def _streams_rows(param: tirx.Buffer, info: BlockRows, rows: int) -> bool:
