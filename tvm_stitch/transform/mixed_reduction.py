@@ -281,10 +281,14 @@ class _MixedReduction(relax.PyExprMutator):
         perm = [inverse.index(a) for a in range(len(inverse))]
         args = []
         for a in call.args:
-            # the softmax's own input is read through the view the softmax reads: once
-            view = rows if a.same_as(arg) else a if _static_dims(a) == [] else \
-                self.views.get((a, tuple(perm))) if (a, tuple(perm)) in self.views else \
-                self._view(a, _static_dims(arg), perm, "softmax_operand")
+            if a.same_as(arg):
+                view = rows
+            elif _static_dims(a) == []:  # a scalar
+                view = a
+            elif (a, tuple(perm)) in self.views:  # the softmax's own input: read once
+                view = self.views[(a, tuple(perm))]
+            else:
+                view = self._view(a, _static_dims(arg), perm, "softmax_operand")
             if view is None:
                 return call
             args.append(view)
