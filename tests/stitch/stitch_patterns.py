@@ -167,6 +167,42 @@ def two_layer_norms(n: int = 16, d: int = 64):
     return model, {"x": _f32(n, d), "y": _f32(n, d)}
 
 
+def sibling_reads(n: int = 16, d: int = 64):
+    """Three unconnected ops reading one input, -x, exp(x) and a row sum of x: remote
+    stitching reads x once for all three."""
+    axes = _const("axes", np.array([1], "int64"))
+    nodes = [helper.make_node("Neg", ["x"], ["neg"]), helper.make_node("Exp", ["x"], ["exp"]),
+             helper.make_node("ReduceSum", ["x", "axes"], ["sum"], keepdims=0)]
+    model = _model(nodes, [_vi("x", (n, d))],
+                   [_vi("neg", (n, d)), _vi("exp", (n, d)), _vi("sum", (n,))], [axes])
+    return model, {"x": _f32(n, d)}
+
+
+def layer_norm_beside_gather(n: int = 16, d: int = 64):
+    """A layer norm of x beside exp(y) gathered at reversed rows: stitched with the layer
+    norm's rows, a block would read exp(y) of another block's rows, so the two are grouped
+    apart (a BERT embedding's LayerNorm beside its attention mask)."""
+    ln, inits = _layer_norm("x", "norm", d)
+    rows = _const("rows", np.arange(n - 1, -1, -1, dtype="int64"))
+    nodes = [*ln, helper.make_node("Exp", ["y"], ["e"]),
+             helper.make_node("Gather", ["e", "rows"], ["g"], axis=0),
+             helper.make_node("Neg", ["g"], ["out"])]
+    model = _model(nodes, [_vi("x", (n, d)), _vi("y", (n, d))],
+                   [_vi("norm", (n, d)), _vi("out", (n, d))], [*inits, rows])
+    return model, {"x": _f32(n, d), "y": _f32(n, d)}
+
+
+def short_sums_long_rows(n: int = 4, d: int = 8, w: int = 1 << 20):
+    """exp(y) of (n, w) beside the row sums of x (n, d): few short reduced rows beside long
+    element-wise rows."""
+    axes = _const("axes", np.array([1], "int64"))
+    nodes = [helper.make_node("Exp", ["y"], ["e"]),
+             helper.make_node("ReduceSum", ["x", "axes"], ["s"], keepdims=1)]
+    model = _model(nodes, [_vi("x", (n, d)), _vi("y", (n, w))],
+                   [_vi("e", (n, w)), _vi("s", (n, 1))], [axes])
+    return model, {"x": _f32(n, d), "y": _f32(n, w)}
+
+
 def column_mean_center(n: int = 16, d: int = 64):
     """x - mean(x, axis=0): a column reduction read back by every row (Global stitching)."""
     axes = _const("axes", np.array([0], "int64"))
@@ -287,6 +323,8 @@ PATTERNS = {
     "matmul_between_layer_norms": matmul_between_layer_norms,
     "residual_cycle": residual_cycle,
     "two_layer_norms": two_layer_norms,
+    "sibling_reads": sibling_reads,
+    "layer_norm_beside_gather": layer_norm_beside_gather,
     "column_mean_center": column_mean_center,
     "middle_axis_sum": middle_axis_sum,
     "adam_update": adam_update,

@@ -29,6 +29,8 @@ CASES = {
     "matmul_between_layer_norms": (16, 64),
     "residual_cycle": (16, 64),
     "two_layer_norms": (16, 64),
+    "sibling_reads": (16, 64),
+    "layer_norm_beside_gather": (16, 64),
     "column_mean_center": (16, 64),
     "adam_update": (16, 64),
     "rotary_grouped_heads": (8, 4, 2, 16),

@@ -7,6 +7,7 @@ import json
 import stitch_patterns as patterns
 from stitch_helpers import lower_stitch
 
+from tvm_stitch.analysis import analyze
 from tvm_stitch.plan import (
     Buffer,
     BufferRole,
@@ -79,6 +80,46 @@ def test_unconnected_groups_of_one_row_space_are_stitched_remotely() -> None:
     assert group.ops == ("lv:layer_norm", "lv1:layer_norm")
     assert [d.op for d in group.dominants] == ["lv:layer_norm", "lv1:layer_norm"]
     assert group.edges == (Edge("lv:layer_norm", "lv1:layer_norm", Scheme.INDEPENDENT),)
+
+
+def test_unconnected_readers_of_one_input_read_it_once() -> None:
+    # -x, exp(x) and sum(x, axis=1) share only x: each a kernel of its own in TVM's flow
+    # (x read three times); remote stitching makes one kernel of the two element-wise ops,
+    # which fit any row space, and the row sum.
+    model, _ = patterns.sibling_reads(256, 1024)
+    scheduled, plan = lower_stitch(model)
+    (group,) = plan.groups
+    assert group.ops == ("lv:tir_negative", "lv1:tir_exp", "lv2:sum")
+    assert {e.scheme for e in group.edges} == {Scheme.INDEPENDENT}
+    assert not plan.fallbacks and not plan.refusals
+    report = analyze(scheduled)
+    assert len(report.kernels) == 1
+    assert report.read_bytes == 256 * 1024 * 4
+    assert report.write_bytes == (2 * 256 * 1024 + 256) * 4
+
+
+def test_remote_stitching_that_cannot_be_scheduled_groups_its_parts_apart() -> None:
+    # with the layer norm's rows, a block would read exp(y) at rows of other blocks: the
+    # merge is refused with that reason, and each part is stitched on its own
+    plan = _plan("layer_norm_beside_gather", 16, 64)
+    assert [g.ops for g in plan.groups] == [
+        ("lv:layer_norm",), ("lv1:tir_exp", "lv8:take1", "lv9:tir_negative")]
+    assert not plan.fallbacks
+    (refusal,) = plan.refusals
+    assert (refusal.first, refusal.second) == (
+        "{lv:layer_norm}", "{lv1:tir_exp, lv8:take1, lv9:tir_negative}")
+    assert refusal.reason.startswith("remote stitching: block ")
+
+
+def test_remote_stitching_estimated_slower_than_tvm_is_refused() -> None:
+    # on the blocks of the sums' 4 rows (split in 4 parts: rows of 8), exp of 4M elements
+    # would leave the GPU idle
+    model, _ = patterns.short_sums_long_rows(4, 8, 1 << 20)
+    _, plan = lower_stitch(model)
+    assert [g.ops for g in plan.groups] == [("lv1:sum",)]
+    (refusal,) = plan.refusals
+    assert refusal.reason.startswith("remote stitching: the stitched kernel is estimated at ")
+    assert refusal.reason.endswith("in 2 kernel(s)")
 
 
 def test_merge_refused_for_a_path_through_a_third_cluster_is_retried() -> None:

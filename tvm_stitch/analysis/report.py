@@ -34,7 +34,7 @@ from ..symbolic import shape_vars
 from ..target import parse_target
 from .classify import has_contraction
 from .ptxas import KernelResources, lowered_resources
-from .roofline import GPUS, KernelWork, kernel_time_us, waves
+from .roofline import GPU, GPUS, KernelWork, kernel_time_us, waves
 from .traffic import AnalysisError, KernelTraffic, bytes_per_access, count_traffic
 
 _CALL_TIR = ("relax.call_tir", "relax.call_tir_with_grad", "relax.call_tir_inplace")
@@ -581,6 +581,17 @@ def analyze(scheduled: IRModule, input_shapes: Shapes | None = None, *,
     notes = [] if all(k.traffic.exact for k in kernels) else [
         "* some guards counted as always true: that kernel's bytes are upper bounds"]
     return ModuleReport(kernels, inputs, constants, outputs, notes)
+
+
+def estimated_us(lowered: LoweredFunc, gpu: GPU, sizes: dict[str, int] | None = None
+                 ) -> float | None:
+    """The roofline estimate on ``gpu`` of all kernels of ``lowered``, symbolic dimensions at
+    ``sizes``; None when a dimension has no size."""
+    try:
+        reports = lowered_reports(lowered, shape_vars=sizes)
+    except AnalysisError:
+        return None
+    return sum(kernel_time_us(gpu, k.work) for k in reports)
 
 
 def global_bytes(lowered: LoweredFunc, persistent_params: set[str] | None = None,

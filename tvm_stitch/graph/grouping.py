@@ -39,6 +39,8 @@ class _Cluster:
     whole: int | None = None  # elements its reductions to a single value reduce, if any
     split_counts: frozenset[int] | None = None  # those when a dim may be split, as row_counts
     regrouped: frozenset[int] = frozenset()  # row counts its reshapes split an input dim at
+    parts: tuple[int, ...] = ()  # bit sets of the unconnected parts remote stitching merged
+    joined: int = 0  # bit set of the element-wise parts among them
 
     @property
     def splits_a_dim(self) -> bool:
@@ -131,6 +133,13 @@ class OpGroup:
     members: tuple[int, ...]
     rows: int | None
     columns: frozenset[int] = frozenset()
+    parts: tuple[tuple[int, ...], ...] = ()
+    """The unconnected parts remote stitching merged into the group (none if it did not)."""
+    joined: frozenset[int] = frozenset()
+    """The members of its element-wise parts: they fit any row space their outputs split
+    into, so remote stitching gives them to a group they may slow down or that cannot map
+    them; where the group cannot be stitched, or is estimated slower than TVM's kernels for
+    its ops, they are grouped again on their own before anything falls back."""
 
     @property
     def nodes(self) -> list[Node]:
@@ -161,14 +170,16 @@ class Grouping:
 
 def group_ops(graph: DataflowGraph, excluded: dict[str, str] | None = None,
               tvm_groups: list[frozenset[int]] | None = None,
-              absorb: Limits | None = None) -> Grouping:
+              absorb: Limits | None = None, apart: frozenset[str] = frozenset()
+              ) -> Grouping:
     """Group the memory-intensive ops of ``graph``.
 
     ``excluded`` maps op names to a reason they must fall back (e.g. the scheduler could not
     map their group); such ops are treated like unsupported ones. ``tvm_groups`` are the
     node indices TVM's FuseOps fuses together (``tvm_fusion.resolve``): what FuseOps fuses
     with a compute op or an op that falls back stays with it on TVM's path. ``absorb``, when
-    given, lets compute kernels absorb copies (``graph.operands``) within its limits.
+    given, lets compute kernels absorb copies (``graph.operands``) within its limits. Ops
+    named in ``apart`` join no unconnected cluster (remote stitching).
     """
     excluded = excluded or {}
     tvm_groups = tvm_groups or []
@@ -210,7 +221,7 @@ def group_ops(graph: DataflowGraph, excluded: dict[str, str] | None = None,
     quotient = _Quotient(graph)
     _merge_permuted_reads(graph, quotient, clusters)
     result.refusals.extend(_merge_along_edges(graph, quotient, clusters))
-    result.refusals.extend(_merge_remote(graph, quotient, clusters))
+    result.refusals.extend(_merge_remote(graph, quotient, clusters, apart))
     for key in sorted(clusters, key=lambda k: clusters[k].first):
         c = clusters[key]
         members = tuple(i for i in range(len(graph.nodes)) if c.members >> i & 1)
@@ -231,8 +242,10 @@ def group_ops(graph: DataflowGraph, excluded: dict[str, str] | None = None,
         if c.rows is None and c.whole is not None:  # reductions to one value, on their own
             result.groups.append(OpGroup(graph, members, 1))
             continue
+        parts = tuple(tuple(i for i in members if part >> i & 1) for part in c.parts)
         result.groups.append(OpGroup(graph, members, c.rows,
-                                     frozenset(i for i in members if i in columns)))
+                                     frozenset(i for i in members if i in columns), parts,
+                                     frozenset(i for i in members if c.joined >> i & 1)))
     return result
 
 
@@ -470,19 +483,31 @@ def _permuted_sink(quotient: _Quotient, clusters: dict[int, _Cluster], node) -> 
     return not node.consumers or all(quotient.find(c) not in clusters for c in node.consumers)
 
 
-def _merge_remote(graph: DataflowGraph, quotient: _Quotient, clusters: dict[int, _Cluster]
-                  ) -> list[Refusal]:
-    """Remote stitching: merge unconnected clusters of one row space when no cycle forms.
-    Returns the merges refused for a cycle, one per cluster."""
-    keys = sorted((k for k in clusters if _emittable(clusters[k])),
+def _merge_remote(graph: DataflowGraph, quotient: _Quotient, clusters: dict[int, _Cluster],
+                  apart: frozenset[str]) -> list[Refusal]:
+    """Remote stitching: merge unconnected clusters of one row space when no cycle forms
+    (an element-wise cluster fits any row space its outputs split into), but none with an
+    op in ``apart``. Returns the merges refused for a cycle, one per cluster."""
+
+    def joined(c: _Cluster) -> int:
+        return c.joined | (c.members if c.rows is None and c.whole is None else 0)
+
+    held = {n.index for n in graph.nodes if n.name in apart}
+    keys = sorted((k for k in clusters
+                   if not any(clusters[k].members >> i & 1 for i in held)),
                   key=lambda k: clusters[k].first)
     refusals: dict[int, Refusal] = {}
     for i, a in enumerate(keys):
         for b in keys[i + 1:]:
-            if a not in clusters or b not in clusters or clusters[a].rows != clusters[b].rows:
+            if a not in clusters or b not in clusters:
                 continue
+            parts = (clusters[a].parts or (clusters[a].members,)) + (
+                clusters[b].parts or (clusters[b].members,))
+            both = joined(clusters[a]) | joined(clusters[b])
             why = _try_merge(quotient, clusters, a, b)
-            if why.startswith("cycle") and b not in refusals:
+            if not why:
+                clusters[a] = replace(clusters[a], parts=parts, joined=both)
+            elif why.startswith("cycle") and b not in refusals:
                 refusals[b] = _refusal(graph, clusters[a], clusters[b], why)
     return list(refusals.values())
 

@@ -25,7 +25,7 @@ from tvm import relax, tirx
 from tvm.ir import IRModule
 from tvm.target import Target
 
-from ..analysis.report import global_bytes
+from ..analysis.report import estimated_us, global_bytes
 from ..graph.grouping import OpGroup
 from ..graph.operands import Limits
 from ..graph.ops import OPAQUE
@@ -33,6 +33,7 @@ from ..graph.planner import Draft, draft_plan
 from ..graph.tvm_fusion import tvm_fusion_groups
 from ..plan import GROUP_ATTR, ComputeOp, Fallback, Group, Refusal, StitchPlan
 from ..schedule.decisions.choosing import Task, decisions_for
+from ..schedule.occupancy import device_of
 from ..schedule.rows import Unstitchable, error_summary
 from ..schedule.rule import contraction_rules, is_scheduled, pads_matmul, schedule_func
 from ..symbolic import declared_bounds, with_bounds, yardstick_sizes
@@ -99,18 +100,25 @@ def stitch(mod: IRModule, target: Target | None = None) -> tuple[IRModule, Stitc
 def _stitch_rounds(mod: IRModule, target: Target | None
                    ) -> tuple[IRModule, list[Group], Draft, list[Fallback], tuple[str, ...]]:
     """Group, fuse and decide until every group can be stitched: a group that cannot sends
-    its ops back to TVM with the reason, and the others are grouped again without them."""
+    its ops back to TVM with the reason, and the others are grouped again without them. A
+    group that remote stitching gave element-wise parts (``OpGroup.joined``) is grouped
+    again without them first, the merge refused with the reason."""
     excluded: dict[str, str] = {}
     failed: list[Fallback] = []
-    limits, unscheduled = Limits(), []
+    apart: frozenset[str] = frozenset()
+    limits, unscheduled, parted = Limits(), [], []
     fusion = tvm_fusion_groups(mod)
     yardstick = Yardstick(fusion, target) if target is not None else None
     for _ in range(MAX_ROUNDS):
         draft = draft_plan(mod, excluded, fusion.groups,
-                           absorb=None if target is None else limits)
+                           absorb=None if target is None else limits, apart=apart)
         fused, names = _fuse_groups(mod, draft)
         groups, failures = _decide_all(fused, draft, names, target, yardstick)
-        for ops, reason in failures:
+        for og, ops, reason in failures:
+            if og.joined:
+                apart |= {og.graph.nodes[i].name for i in og.joined}
+                parted.append(_remote_refusal(og, reason))
+                continue
             excluded.update({op.partition(":")[0]: reason for op in ops})
             failed.append(Fallback(ops, reason))
         refused = _schedule_operands(fused, draft, names, target)
@@ -119,11 +127,18 @@ def _stitch_rounds(mod: IRModule, target: Target | None
             limits.read_only | {e.op for e, _ in refused if e.writes_through},
             limits.alone | {e.op for e, _ in refused if not e.writes_through})
         if not failures and not refused:
-            draft.refusals.extend(unscheduled)
+            draft.refusals.extend(parted + unscheduled)
             return fused, groups, draft, failed, ()
     draft = Draft(draft.graphs, compute=draft.compute, refusals=draft.refusals)
     return mod, [], draft, failed, (f"gave up stitching after {MAX_ROUNDS} rounds of failing "
                                     "groups",)
+
+
+def _remote_refusal(og: OpGroup, reason: str) -> Refusal:
+    """The remote stitching of ``og``'s unconnected parts, refused for ``reason``."""
+    first, *rest = ("{" + ", ".join(og.graph.nodes[i].label for i in part) + "}"
+                    for part in og.parts)
+    return Refusal(first, " + ".join(rest), f"remote stitching: {reason}")
 
 
 def _tvm_fusion(mod: IRModule) -> IRModule:
@@ -191,13 +206,13 @@ def _schedule_operands(fused: IRModule, draft: Draft, names: dict[int | str, str
 def _decide_all(fused: IRModule, draft: Draft, names: dict[int | str, str],
                 target: Target | None,
                 yardstick: Yardstick | None
-                ) -> tuple[list[Group], list[tuple[tuple[str, ...], str]]]:
+                ) -> tuple[list[Group], list[tuple[OpGroup, tuple[str, ...], str]]]:
     groups, failures = [], []
     for og, entry in draft.groups:
         name = names[entry.id]
         func = fused[fused.get_global_var(name)]
         if not isinstance(func, tirx.PrimFunc):
-            failures.append((entry.ops, "FuseTIR did not make one PrimFunc"))
+            failures.append((og, entry.ops, "FuseTIR did not make one PrimFunc"))
             continue
         task = Task(func, replace(entry, function=name), og.rows, target)
         try:
@@ -208,15 +223,21 @@ def _decide_all(fused: IRModule, draft: Draft, names: dict[int | str, str],
                 moved = None if decided.lowered is None else global_bytes(
                     decided.lowered,
                     {p.name for p in func.params} if decided.group.phases else None, sizes)
+                members = frozenset(n.var for n in og.nodes)
                 worse = None if yardstick is None or moved is None else yardstick.excess(
-                    frozenset(n.var for n in og.nodes), moved, sizes)
+                    members, moved, sizes)
+                if not worse and og.joined and yardstick is not None \
+                        and decided.lowered is not None:
+                    gpu = device_of(target)
+                    took = estimated_us(decided.lowered, gpu, sizes)
+                    worse = None if took is None else yardstick.slower(members, took, gpu, sizes)
                 if not worse:
                     groups.append(decided.group)
                     break
             else:
-                failures.append((entry.ops, worse))
+                failures.append((og, entry.ops, worse))
         except Unstitchable as err:
-            failures.append((_given_back(og, entry.ops, yardstick), str(err)))
+            failures.append((og, _given_back(og, entry.ops, yardstick), str(err)))
     return groups, failures
 
 

@@ -12,6 +12,14 @@ The check is cheap where it passes easily: TVM's kernels move at least their
 compulsory bytes (inputs once, outputs once), so a stitched kernel within their sum needs
 nothing more. Only above it are TVM's kernels for those ops scheduled (dlight's default
 rules, as in the baseline flow) and counted, once per outlined function.
+
+A group that remote stitching gave element-wise parts (``OpGroup.joined``) must also pay
+for itself in time: estimated (the roofline model, ``analysis.roofline``) more than
+``TIME_MARGIN`` times slower than TVM's kernels for the same ops, its element-wise parts are
+grouped on their own. Such a part given to the blocks of a few short reduced rows (exp(y) of
+(4, 1M) beside the sums of (4, 8) on 4 blocks, 223 us, where TVM's two kernels take 15.5 us)
+saves a launch and leaves the GPU idle. The same floor makes the check cheap: TVM's kernels
+take at least a launch each and their compulsory bytes at peak bandwidth.
 """
 
 from __future__ import annotations
@@ -19,11 +27,16 @@ from __future__ import annotations
 from tvm import relax, tirx
 from tvm.target import Target
 
-from ..analysis.report import global_bytes
+from ..analysis.report import estimated_us, global_bytes
+from ..analysis.roofline import GPU
 from ..graph.tvm_fusion import TVMFusion
-from ..lowering import lower
+from ..lowering import LoweredFunc, lower
 from ..schedule.rule import default_rules, schedule_func
 from ..symbolic import yardstick_sizes
+
+TIME_MARGIN = 1.5
+"""How many times slower than TVM's kernels for the same ops a stitched kernel may be
+estimated: the roofline model ranks, it does not predict to a few percent."""
 
 
 class Yardstick:
@@ -33,7 +46,7 @@ class Yardstick:
         self._fusion = fusion
         self._target = target
         self._fused_tir = None
-        self._bytes: dict[tuple, int | None] = {}
+        self._lowered: dict[str, LoweredFunc | None] = {}
 
     def excess(self, members: frozenset[relax.Var], stitched: int,
                sizes: dict[str, int] | None = None) -> str | None:
@@ -56,6 +69,27 @@ class Yardstick:
         return (f"the stitched kernel moves {stitched} B of global memory{at}, TVM's fusion of "
                 f"the same ops {sum(moved)} B in {len(covering)} kernel(s)")
 
+    def slower(self, members: frozenset[relax.Var], stitched_us: float, gpu: GPU,
+               sizes: dict[str, int] | None = None) -> str | None:
+        """Why a stitched kernel of the ops ``members`` estimated at ``stitched_us`` on
+        ``gpu`` is too slow beside TVM's fusion of the same ops (``TIME_MARGIN``), or None
+        when it is not or cannot be compared; ``sizes`` as for ``excess``."""
+        covering = self._covering(members)
+        if covering is None:
+            return None
+        least = [g.compulsory_bytes for g in covering]
+        if None not in least:
+            floor = sum(gpu.launch_overhead_us + b / gpu.bandwidth * 1e6 for b in least if b)
+            if stitched_us <= TIME_MARGIN * floor:
+                return None
+        times = [0.0 if g.compulsory_bytes == 0 else self._kernel_us(g.function, sizes, gpu)
+                 for g in covering]
+        if None in times or stitched_us <= TIME_MARGIN * sum(times):
+            return None
+        return (f"the stitched kernel is estimated at {stitched_us:.1f} us on the {gpu.name}, "
+                f"TVM's fusion of the same ops at {sum(times):.1f} us in {len(covering)} "
+                "kernel(s)")
+
     def kernels(self, members: frozenset[relax.Var]) -> int | None:
         """How many kernels TVM's fusion runs the ops ``members`` in; None when it fuses
         some of them with other ops."""
@@ -70,18 +104,29 @@ class Yardstick:
         return covering
 
     def _kernel_bytes(self, function: str, sizes: dict[str, int] | None) -> int | None:
-        key = (function, tuple(sorted((sizes or {}).items())))
-        if key not in self._bytes:
-            if self._fused_tir is None:
-                self._fused_tir = relax.transform.FuseTIR()(self._fusion.fused)
-            func = self._fused_tir[function]
+        lowered, at = self._lowered_kernel(function, sizes)
+        return None if lowered is None else global_bytes(lowered, sizes=at)
+
+    def _kernel_us(self, function: str, sizes: dict[str, int] | None, gpu: GPU
+                   ) -> float | None:
+        lowered, at = self._lowered_kernel(function, sizes)
+        return None if lowered is None else estimated_us(lowered, gpu, at)
+
+    def _lowered_kernel(self, function: str, sizes: dict[str, int] | None
+                        ) -> tuple[LoweredFunc | None, dict[str, int] | None]:
+        """TVM's kernel ``function`` scheduled by dlight and lowered (None when dlight does
+        not schedule it), lowered once, and the sizes to count it at."""
+        if self._fused_tir is None:
+            self._fused_tir = relax.transform.FuseTIR()(self._fusion.fused)
+        func = self._fused_tir[function]
+        if function not in self._lowered:
             scheduled = None
             if isinstance(func, tirx.PrimFunc):
                 with self._target:
                     scheduled = schedule_func(func, self._target, default_rules())
-            self._bytes[key] = None if scheduled is None else global_bytes(
-                lower(scheduled, function, self._target), sizes=self._sizes_of(func, sizes))
-        return self._bytes[key]
+            self._lowered[function] = None if scheduled is None else lower(
+                scheduled, function, self._target)
+        return self._lowered[function], self._sizes_of(func, sizes)
 
     @staticmethod
     def _sizes_of(func: object, sizes: dict[str, int] | None) -> dict[str, int] | None:
