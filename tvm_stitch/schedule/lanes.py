@@ -75,11 +75,11 @@ def _moving_inputs(block: s_tir.stmt.SBlock) -> list[tirx.Buffer]:
         if not region.region:  # a scalar: the same value in every lane
             moving[buffer.name] = False
             continue
-        last = region.region[-1]
-        # a region of several reads (x[r, c] and x[r, 0]) spans more than one lane's element
-        moves = isinstance(last.extent, tirx.IntImm) and int(last.extent) == 1 \
-            and uses(last.min, inner) \
-            and all(not uses(r.min, inner) for r in region.region[:-1])
+        # a region of several reads (x[r, c] and x[r, 0]) spans more than one lane's element;
+        # a read of a flat index's row (x[f // 16, f % 16]) moves with the lanes too where
+        # an aligned vector stays in one row (``_one_vector`` checks the copy)
+        moves = all(isinstance(r.extent, tirx.IntImm) and int(r.extent) == 1
+                    for r in region.region) and uses(region.region[-1].min, inner)
         moving[buffer.name] = moving.get(buffer.name, True) and moves
     return [found[n] for n, ok in moving.items() if ok]
 
