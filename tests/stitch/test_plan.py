@@ -21,6 +21,7 @@ from tvm_stitch.plan import (
     StorageLevel,
     ThreadMapping,
 )
+from tvm_stitch.testing.resources import check_resources
 
 
 def _plan(name: str, *args: int) -> StitchPlan:
@@ -96,6 +97,7 @@ def test_unconnected_readers_of_one_input_read_it_once() -> None:
     assert len(report.kernels) == 1
     assert report.read_bytes == 256 * 1024 * 4
     assert report.write_bytes == (2 * 256 * 1024 + 256) * 4
+    assert not check_resources(scheduled).violations  # nvcc for sm_80 and sm_90
 
 
 def test_remote_stitching_that_cannot_be_scheduled_groups_its_parts_apart() -> None:
@@ -109,6 +111,8 @@ def test_remote_stitching_that_cannot_be_scheduled_groups_its_parts_apart() -> N
     assert (refusal.first, refusal.second) == (
         "{lv:layer_norm}", "{lv1:tir_exp, lv8:take1, lv9:tir_negative}")
     assert refusal.reason.startswith("remote stitching: block ")
+    model, _ = patterns.layer_norm_beside_gather(16, 64)
+    assert not check_resources(lower_stitch(model)[0]).violations
 
 
 def test_remote_stitching_estimated_slower_than_tvm_is_refused() -> None:
