@@ -387,12 +387,6 @@ def _merge(quotient: _Quotient, a: _Cluster, b: _Cluster, ua: int, ub: int,
                     a.regrouped | b.regrouped), ""
 
 
-def _emittable(c: _Cluster) -> bool:
-    if c.rows is not None:
-        return True
-    return c.members & (c.members - 1) != 0
-
-
 def _try_merge(quotient: _Quotient, clusters: dict[int, _Cluster], a: int, b: int,
                sink: bool = False) -> str:
     """Merge unit ``b`` into unit ``a`` when legal; empty string if merged, else why not."""
