@@ -111,6 +111,25 @@ def test_dlight_softmax_matches_numpy() -> None:
     np.testing.assert_allclose(outs[-1], _softmax(x), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("flow", ["baseline", "stitch"])
+def test_rows_at_the_lowest_float_keep_their_softmax(flow: str) -> None:
+    """A row a mask set to float32's lowest value throughout (a padded query row of
+    transformers' decoders) has a uniform softmax; TVM's OpenCL code printed the maximum's
+    identity as -3.402823e+38f, above that value, and the row came out NaN."""
+    lowest = np.finfo(np.float32).min
+    x = np.full((8, 300), lowest, np.float32)
+    x[1, :5] = 0.0
+    x[2, 7] = -np.inf
+    x[3] = np.random.default_rng(3).standard_normal(300)
+    scheduled = pipeline.lower(SoftmaxReshape, "cuda", flow)
+    (out,) = SimtModule(scheduled)(x)
+    expected = np.full((8, 300), 1 / 300)
+    expected[1] = np.where(np.arange(300) < 5, 0.2, 0.0)
+    expected[2] = np.where(np.arange(300) == 7, 0.0, 1 / 299)
+    expected[3] = _softmax(x[3:4])[0]
+    np.testing.assert_allclose(out, 3 * expected.reshape(4, 600), rtol=1e-5, atol=1e-7)
+
+
 def test_removing_barriers_breaks_the_reduction() -> None:
     """PoCL runs a work-group's items in lock-step regions between barriers; without the
     barriers of the cross-thread reduction, threads read partial sums that are not there yet."""

@@ -1,9 +1,17 @@
 """Finalised device kernels rewritten for TVM's OpenCL code generator, so that PoCL runs what
 the CUDA code would.
 
-TVM lowers a kernel for OpenCL exactly as for CUDA, but its OpenCL code generator has no rules
-for two things the tensor-core schedule of float16 matmuls (dlight's ``MatmulTensorization``,
-taken for every float16 matmul whose extents all exceed 64) uses:
+TVM's OpenCL code generator prints a float constant with seven significant digits, where
+CUDA's prints it exactly (in hexadecimal): float32's lowest value, the identity of every
+maximum, becomes ``-3.402823e+38f``, above the lowest value itself, so a softmax over a row
+that a mask set to that value throughout (a padded query row of Mistral, Qwen2, Phi, GPT-NeoX,
+BLOOM or OPT exported from ``transformers``) took the wrong maximum and gave NaN where CUDA's
+kernel gives 1/n. :func:`exact_constants` writes every float constant that seven digits do
+not give back as its bits, reinterpreted.
+
+Its OpenCL code generator also has no rules for two things the tensor-core schedule of float16
+matmuls (dlight's ``MatmulTensorization``, taken for every float16 matmul whose extents all
+exceed 64) uses:
 
 - Dynamic shared memory (``shared.dyn``): the generator prints such a buffer as a private
   array and drops its barriers. :func:`dynamic_shared_as_static` gives it the ``shared`` scope
@@ -29,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import tvm
 import tvm_ffi
 from tvm import tirx
@@ -52,13 +61,39 @@ _STORE = tvm.ir.Op.get("tirx.tvm_store_matrix_sync")
 
 
 def for_opencl(lowered: LoweredFunc, half_accumulators: set[str]) -> LoweredFunc:
-    """``lowered`` with its device kernels rewritten by :func:`dynamic_shared_as_static` and
-    :func:`emulate_wmma` (``half_accumulators``: see :func:`emulate_wmma`), their
+    """``lowered`` with its device kernels rewritten by :func:`exact_constants`,
+    :func:`dynamic_shared_as_static` and :func:`emulate_wmma` (``half_accumulators``: see
+    :func:`emulate_wmma`), their
     warp-synchronous updates of shared memory run in lockstep (``lockstep``), and a cluster
     per work-group (``clusters.as_work_groups``)."""
-    device = in_lockstep(emulate_wmma(dynamic_shared_as_static(lowered.device),
-                                      half_accumulators))
+    device = in_lockstep(emulate_wmma(dynamic_shared_as_static(
+        exact_constants(lowered.device)), half_accumulators))
     return clusters.as_work_groups(dataclasses.replace(lowered, device=device, _source=None))
+
+
+_BITS = {"float32": (np.float32, np.int32, "as_float"),
+         "float64": (np.float64, np.int64, "as_double")}
+
+
+def exact_constants(device: IRModule) -> IRModule:
+    """``device`` with every float32 or float64 constant that TVM's OpenCL code generator
+    would print inexactly (seven significant digits) written as its bits, reinterpreted
+    (``as_float``)."""
+
+    def exact(imm: tirx.FloatImm) -> tvm.ir.PrimExpr:
+        dtype = str(imm.ty.dtype)
+        if dtype not in _BITS or not np.isfinite(imm.value):
+            return imm
+        float_type, int_type, as_float = _BITS[dtype]
+        value = float_type(imm.value)
+        if float_type(float(f"{value:.6e}")) == value:
+            return imm
+        bits = int(np.array(value).view(int_type))
+        # OpenCL's own reinterpretation: TVM prints its ``reinterpret`` as the address of
+        # the integer, which C does not take of a constant
+        return tirx.call_pure_extern(dtype, as_float, tirx.IntImm(int_type.__name__, bits))
+
+    return tvm_ffi.structural_map(device, [(tirx.FloatImm, exact)])
 
 
 def half_accumulators(func: tirx.PrimFunc) -> set[str]:
