@@ -60,8 +60,26 @@ def test_every_bert_node_maps_to_the_plan_entry_of_its_bindings(bert) -> None:
             assert ops & set(node.bindings)  # the entry holds one of the node's bindings
     assert by_type["Softmax"] == by_type["LayerNormalization"] == {NodePlace.STITCHED}
     assert by_type["MatMul"] == {NodePlace.COMPUTE}
+    # the attention mask's cast and gather make one kernel, cut from the And and Where
+    # that broadcast its result over the query rows
     (cast,) = [n for n in mapping.nodes if n.op_type == "Cast"]
-    assert cast.place is NodePlace.FALLBACK and cast.main.reason == stitch.plan.fallbacks[0].reason
+    (gather,) = [n for n in mapping.nodes if n.op_type == "GatherND"]
+    (where,) = [n for n in mapping.nodes if n.op_type == "Where"]
+    assert cast.place is gather.place is where.place is NodePlace.STITCHED
+    assert cast.main.index == gather.main.index != where.main.index
+
+
+def test_a_node_left_to_tvm_maps_to_its_fallback() -> None:
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Neg", ["x"], ["y"])], "g",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [4, 8])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [4, 8])])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)])
+    (stitch,) = inspect_onnx(model, flows=("stitch",)).flows
+    (node,) = map_nodes(model, stitch.plan).nodes
+    assert node.place is NodePlace.FALLBACK
+    assert node.main.reason == stitch.plan.fallbacks[0].reason == \
+        "a single injective op: nothing to stitch"
 
 
 def _entry_ops(plan, place) -> tuple[str, ...]:

@@ -50,6 +50,12 @@ def lower_stitch(model: onnx.ModelProto, target: str | tvm.target.Target = "cuda
     return scheduled, plan
 
 
+def lower_baseline(model: onnx.ModelProto, target: str | tvm.target.Target = "cuda"
+                   ) -> IRModule:
+    """The scheduled module of ``model`` with TVM's own fusion (the baseline flow)."""
+    return pipeline.lower(import_onnx(model), target, flow="baseline")
+
+
 def run_simt(model: onnx.ModelProto, scheduled: IRModule, inputs: dict[str, np.ndarray]
              ) -> list[np.ndarray]:
     """Run ``scheduled`` on the SIMT runner with ``inputs`` in the model's input order."""

@@ -192,6 +192,28 @@ def layer_norm_beside_gather(n: int = 16, d: int = 64):
     return model, {"x": _f32(n, d), "y": _f32(n, d)}
 
 
+def gathered_mask(b: int = 2, s: int = 32):
+    """BERT's attention mask as transformers' encoders export it: the int64 padding mask cast
+    to booleans, gathered per batch and key (GatherND), and-ed with an all-true (b, 1, s, s)
+    mask and made additive (Where): the gather's result is broadcast over the query rows."""
+    index = np.zeros((b, 1, 1, s, 2), "int64")
+    index[..., 0] = np.arange(b)[:, None, None, None]
+    index[..., 1] = np.arange(s)
+    inits = [_const("index", index), _const("full", np.ones((b, 1, s, s), bool)),
+             _const("zero", np.array(0.0, "float32")),
+             _const("lowest", np.array(np.finfo("float32").min, "float32"))]
+    nodes = [helper.make_node("Cast", ["mask"], ["on"], to=TensorProto.BOOL),
+             helper.make_node("GatherND", ["on", "index"], ["keys"]),
+             helper.make_node("And", ["full", "keys"], ["both"]),
+             helper.make_node("Where", ["both", "zero", "lowest"], ["out"])]
+    mask = np.zeros((b, s), "int64")
+    for i, length in enumerate(_rng.integers(1, s + 1, b)):
+        mask[i, :length] = 1
+    model = _model(nodes, [_vi("mask", (b, s), TensorProto.INT64)], [_vi("out", (b, 1, s, s))],
+                   inits)
+    return model, {"mask": mask}
+
+
 def short_sums_long_rows(n: int = 4, d: int = 8, w: int = 1 << 20):
     """exp(y) of (n, w) beside the row sums of x (n, d): few short reduced rows beside long
     element-wise rows."""
@@ -325,6 +347,7 @@ PATTERNS = {
     "two_layer_norms": two_layer_norms,
     "sibling_reads": sibling_reads,
     "layer_norm_beside_gather": layer_norm_beside_gather,
+    "gathered_mask": gathered_mask,
     "column_mean_center": column_mean_center,
     "middle_axis_sum": middle_axis_sum,
     "adam_update": adam_update,

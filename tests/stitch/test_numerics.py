@@ -31,6 +31,7 @@ CASES = {
     "two_layer_norms": (16, 64),
     "sibling_reads": (16, 64),
     "layer_norm_beside_gather": (16, 64),
+    "gathered_mask": (2, 32),
     "column_mean_center": (16, 64),
     "adam_update": (16, 64),
     "rotary_grouped_heads": (8, 4, 2, 16),

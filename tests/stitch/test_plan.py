@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import stitch_patterns as patterns
-from stitch_helpers import lower_stitch
+from stitch_helpers import lower_baseline, lower_stitch
 
 from tvm_stitch.analysis import analyze
 from tvm_stitch.plan import (
@@ -113,6 +113,26 @@ def test_remote_stitching_that_cannot_be_scheduled_groups_its_parts_apart() -> N
     assert refusal.reason.startswith("remote stitching: block ")
     model, _ = patterns.layer_norm_beside_gather(16, 64)
     assert not check_resources(lower_stitch(model)[0]).violations
+
+
+def test_a_group_moving_more_than_tvm_is_cut_where_a_result_is_broadcast() -> None:
+    # one kernel would gather the mask at every (query, key), reading its indices and the
+    # mask each time (75776 B, TVM's three kernels 30400 B); cut at the broadcast, one
+    # kernel gathers it once per key and the next reads it
+    model, _ = patterns.gathered_mask(2, 32)
+    scheduled, plan = lower_stitch(model)
+    assert [g.ops for g in plan.groups] == [
+        ("lv:cast", "lv7:te_gather_nd"), ("lv8:logical_and", "gv:where1")]
+    assert not plan.fallbacks
+    (refusal,) = plan.refusals
+    assert (refusal.first, refusal.second) == (
+        "{lv:cast, lv7:te_gather_nd}", "{lv8:logical_and, gv:where1}")
+    assert refusal.reason.startswith("stitched apart where a result is broadcast: the "
+                                     "stitched kernel moves 75776 B")
+    stitched, baseline = analyze(scheduled), analyze(lower_baseline(model))
+    assert (len(stitched.kernels), len(baseline.kernels)) == (2, 3)
+    assert stitched.global_bytes <= baseline.global_bytes
+    assert not check_resources(scheduled).violations
 
 
 def test_remote_stitching_estimated_slower_than_tvm_is_refused() -> None:

@@ -12,6 +12,10 @@
    is legal once that cluster has joined one of the two.
 3. Unconnected clusters with the same row space merge when no cycle forms (remote stitching).
 
+A group whose stitched kernel moves more bytes than TVM's kernels of its ops may be cut
+where one of its results is broadcast to a larger one (``broadcast_cuts``): its pieces are
+grouped again apart, each a kernel that computes the smaller result once.
+
 Before clustering, copies next to a matmul (a transpose that splits heads, ...) may join the
 compute op's kernel instead (``graph.operands``): that kernel reads or writes through them.
 
@@ -170,8 +174,8 @@ class Grouping:
 
 def group_ops(graph: DataflowGraph, excluded: dict[str, str] | None = None,
               tvm_groups: list[frozenset[int]] | None = None,
-              absorb: Limits | None = None, apart: frozenset[str] = frozenset()
-              ) -> Grouping:
+              absorb: Limits | None = None, apart: frozenset[str] = frozenset(),
+              cuts: frozenset[tuple[str, str]] = frozenset()) -> Grouping:
     """Group the memory-intensive ops of ``graph``.
 
     ``excluded`` maps op names to a reason they must fall back (e.g. the scheduler could not
@@ -220,7 +224,7 @@ def group_ops(graph: DataflowGraph, excluded: dict[str, str] | None = None,
     clusters = {i: _singleton(graph.nodes[i], i in columns) for i in sorted(candidates)}
     quotient = _Quotient(graph)
     _merge_permuted_reads(graph, quotient, clusters)
-    result.refusals.extend(_merge_along_edges(graph, quotient, clusters))
+    result.refusals.extend(_merge_along_edges(graph, quotient, clusters, cuts))
     result.refusals.extend(_merge_remote(graph, quotient, clusters, apart))
     for key in sorted(clusters, key=lambda k: clusters[k].first):
         c = clusters[key]
@@ -440,17 +444,20 @@ def _exclusive_cone(graph: DataflowGraph, clusters: dict[int, _Cluster], sink: i
 
 
 def _merge_along_edges(graph: DataflowGraph, quotient: _Quotient,
-                       clusters: dict[int, _Cluster]) -> list[Refusal]:
-    """Merge clusters along the dataflow edges between their members, until nothing changes:
-    a merge refused because a path ran through a third cluster may become legal once that
-    cluster has joined one of the two. Returns the merges still refused for a cycle."""
+                       clusters: dict[int, _Cluster], cuts: frozenset[tuple[str, str]]
+                       ) -> list[Refusal]:
+    """Merge clusters along the dataflow edges between their members but ``cuts``, until
+    nothing changes: a merge refused because a path ran through a third cluster may become
+    legal once that cluster has joined one of the two. Returns the merges still refused for
+    a cycle."""
     while True:
         refusals: list[Refusal] = []
         changed = False
         for node in graph.nodes:
             for p in node.producers:
                 a, b = quotient.find(p), quotient.find(node.index)
-                if a == b or a not in clusters or b not in clusters:
+                if a == b or a not in clusters or b not in clusters \
+                        or (graph.nodes[p].name, node.name) in cuts:
                     continue
                 sink = False
                 if node.info.copy is Copy.PERMUTED and clusters[a].rows is not None:
@@ -504,6 +511,37 @@ def _merge_remote(graph: DataflowGraph, quotient: _Quotient, clusters: dict[int,
             elif why.startswith("cycle") and b not in refusals:
                 refusals[b] = _refusal(graph, clusters[a], clusters[b], why)
     return list(refusals.values())
+
+
+def broadcast_cuts(og: OpGroup) -> frozenset[tuple[str, str]]:
+    """The edges (producer name, consumer name) between members of ``og`` where a result is
+    broadcast to a larger one: BERT's attention mask per batch, gathered from the int64 mask
+    (cast, gather), read by every query row (and, where). One kernel recomputes the gather at
+    every element, reading its indices and the mask each time (75776 B where TVM's three
+    kernels move 30400 B); cut there, a kernel computes it once and the next reads it."""
+    inside = set(og.members)
+    return frozenset((og.graph.nodes[p].name, n.name) for n in og.nodes for p in n.producers
+                     if p in inside and n.info.out_size > og.graph.nodes[p].info.out_size)
+
+
+def pieces(og: OpGroup, cuts: frozenset[tuple[str, str]]) -> list[tuple[int, ...]]:
+    """The members of ``og`` connected by its dataflow edges but ``cuts``, each piece in
+    topological order, the pieces in the order of their first members."""
+    root = {i: i for i in og.members}
+
+    def find(i: int) -> int:
+        while root[i] != i:
+            i = root[i]
+        return i
+
+    for n in og.nodes:
+        for p in n.producers:
+            if p in root and (og.graph.nodes[p].name, n.name) not in cuts:
+                root[find(n.index)] = find(p)
+    found: dict[int, list[int]] = {}
+    for i in og.members:
+        found.setdefault(find(i), []).append(i)
+    return [tuple(members) for members in found.values()]
 
 
 def _refusal(graph: DataflowGraph, a: _Cluster, b: _Cluster, why: str) -> Refusal:

@@ -31,15 +31,16 @@ class Draft:
 
 def draft_plan(mod: IRModule, excluded: dict[str, str] | None = None,
                tvm_groups: list[FusedGroup] | None = None, func_name: str = "main",
-               absorb: Limits | None = None, apart: frozenset[str] = frozenset()) -> Draft:
+               absorb: Limits | None = None, apart: frozenset[str] = frozenset(),
+               cuts: frozenset[tuple[str, str]] = frozenset()) -> Draft:
     """Group the memory-intensive ops of ``mod[func_name]``; ``excluded`` maps op names that
     must fall back to the reason; ``tvm_groups`` are TVM's FuseOps groups of ``mod``
-    (computed when not given); ``absorb`` and ``apart`` as for ``group_ops``."""
+    (computed when not given); ``absorb``, ``apart`` and ``cuts`` as for ``group_ops``."""
     if tvm_groups is None:
         tvm_groups = tvm_fusion_groups(mod).groups
     draft = Draft(dataflow_graphs(mod, func_name))
     for graph in draft.graphs:
-        grouping = group_ops(graph, excluded, resolve(graph, tvm_groups), absorb, apart)
+        grouping = group_ops(graph, excluded, resolve(graph, tvm_groups), absorb, apart, cuts)
         draft.fallbacks.extend(grouping.fallbacks)
         draft.compute.extend(grouping.compute)
         draft.refusals.extend(grouping.refusals)

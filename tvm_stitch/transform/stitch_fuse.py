@@ -26,7 +26,7 @@ from tvm.ir import IRModule
 from tvm.target import Target
 
 from ..analysis.report import estimated_us, global_bytes
-from ..graph.grouping import OpGroup
+from ..graph.grouping import OpGroup, broadcast_cuts, pieces
 from ..graph.operands import Limits
 from ..graph.ops import OPAQUE
 from ..graph.planner import Draft, draft_plan
@@ -102,22 +102,32 @@ def _stitch_rounds(mod: IRModule, target: Target | None
     """Group, fuse and decide until every group can be stitched: a group that cannot sends
     its ops back to TVM with the reason, and the others are grouped again without them. A
     group that remote stitching gave element-wise parts (``OpGroup.joined``) is grouped
-    again without them first, the merge refused with the reason."""
+    again without them first, the merge refused with the reason; one that moves more bytes
+    than TVM's kernels of its ops or is slower is grouped again in pieces where a result is
+    broadcast (``_broadcast_cut``) before it falls back."""
     excluded: dict[str, str] = {}
     failed: list[Fallback] = []
     apart: frozenset[str] = frozenset()
+    cuts: frozenset[tuple[str, str]] = frozenset()
     limits, unscheduled, parted = Limits(), [], []
     fusion = tvm_fusion_groups(mod)
     yardstick = Yardstick(fusion, target) if target is not None else None
     for _ in range(MAX_ROUNDS):
         draft = draft_plan(mod, excluded, fusion.groups,
-                           absorb=None if target is None else limits, apart=apart)
+                           absorb=None if target is None else limits, apart=apart, cuts=cuts)
         fused, names = _fuse_groups(mod, draft)
         groups, failures = _decide_all(fused, draft, names, target, yardstick)
-        for og, ops, reason in failures:
+        for og, ops, reason, costly in failures:
             if og.joined:
                 apart |= {og.graph.nodes[i].name for i in og.joined}
-                parted.append(_remote_refusal(og, reason))
+                parted.append(_parts_refusal(og, list(og.parts), f"remote stitching: {reason}"))
+                continue
+            cut = _broadcast_cut(og, cuts, yardstick) if costly else frozenset()
+            if cut:  # its pieces are grouped again apart, each stitched or falling back
+                cuts |= cut
+                apart |= {n.name for n in og.nodes}
+                parted.append(_parts_refusal(og, pieces(og, cuts), "stitched apart where a "
+                                             f"result is broadcast: {reason}"))
                 continue
             excluded.update({op.partition(":")[0]: reason for op in ops})
             failed.append(Fallback(ops, reason))
@@ -134,11 +144,24 @@ def _stitch_rounds(mod: IRModule, target: Target | None
                                     "groups",)
 
 
-def _remote_refusal(og: OpGroup, reason: str) -> Refusal:
-    """The remote stitching of ``og``'s unconnected parts, refused for ``reason``."""
+def _broadcast_cut(og: OpGroup, cuts: frozenset[tuple[str, str]],
+                   yardstick: Yardstick | None) -> frozenset[tuple[str, str]]:
+    """The edges of ``og`` not yet in ``cuts`` where a result is broadcast
+    (``grouping.broadcast_cuts``), if its pieces cut there are no more kernels than TVM's
+    fusion runs its ops in; else none."""
+    cut = broadcast_cuts(og) - cuts
+    kernels = None if yardstick is None else yardstick.kernels(
+        frozenset(n.var for n in og.nodes))
+    if not cut or kernels is None or len(pieces(og, cuts | cut)) > kernels:
+        return frozenset()
+    return cut
+
+
+def _parts_refusal(og: OpGroup, parts: list[tuple[int, ...]], reason: str) -> Refusal:
+    """The parts (member indices) of ``og`` kept apart for ``reason``."""
     first, *rest = ("{" + ", ".join(og.graph.nodes[i].label for i in part) + "}"
-                    for part in og.parts)
-    return Refusal(first, " + ".join(rest), f"remote stitching: {reason}")
+                    for part in parts)
+    return Refusal(first, " + ".join(rest), reason)
 
 
 def _tvm_fusion(mod: IRModule) -> IRModule:
@@ -206,13 +229,15 @@ def _schedule_operands(fused: IRModule, draft: Draft, names: dict[int | str, str
 def _decide_all(fused: IRModule, draft: Draft, names: dict[int | str, str],
                 target: Target | None,
                 yardstick: Yardstick | None
-                ) -> tuple[list[Group], list[tuple[OpGroup, tuple[str, ...], str]]]:
+                ) -> tuple[list[Group], list[tuple[OpGroup, tuple[str, ...], str, bool]]]:
+    """Decide every group of ``draft``: the stitched groups, and the failures (the group,
+    the ops that fall back, why, and whether the yardstick refused a kernel that builds)."""
     groups, failures = [], []
     for og, entry in draft.groups:
         name = names[entry.id]
         func = fused[fused.get_global_var(name)]
         if not isinstance(func, tirx.PrimFunc):
-            failures.append((og, entry.ops, "FuseTIR did not make one PrimFunc"))
+            failures.append((og, entry.ops, "FuseTIR did not make one PrimFunc", False))
             continue
         task = Task(func, replace(entry, function=name), og.rows, target)
         try:
@@ -235,9 +260,9 @@ def _decide_all(fused: IRModule, draft: Draft, names: dict[int | str, str],
                     groups.append(decided.group)
                     break
             else:
-                failures.append((og, entry.ops, worse))
+                failures.append((og, entry.ops, worse, True))
         except Unstitchable as err:
-            failures.append((og, _given_back(og, entry.ops, yardstick), str(err)))
+            failures.append((og, _given_back(og, entry.ops, yardstick), str(err), False))
     return groups, failures
 
 
