@@ -113,6 +113,12 @@ def decide_flat(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, reused: 
         mapping = replace(mapping, vector=HELD_LANES)
         scalar = tuple(name_of(sch, b) for b in sinks
                        if not lanes_fit_booleans(sch.get(b), mapping.vector))
+    if len(scalar) == len(sinks) and mapping.vector > 1 and group.choices.vector is None:
+        # no access of the kernel is a vector: a thread's consecutive elements lane by lane
+        # leave a warp's accesses strided, 4 sectors for each one a thread per element
+        # touches (the Where of BERT's attention mask, booleans in, at (8, 1, 128, 128):
+        # 2.7 MB of L2 sectors where TVM's kernel takes 1.9)
+        mapping, scalar = replace(mapping, vector=1), ()
     return replace(group, mapping=mapping, inlined=tuple(inlined),
                    buffers=buffers + tuple(kept) + tuple(staged), shared_bytes=0,
                    shared_budget=0, scalar_blocks=scalar,
