@@ -3,8 +3,10 @@
     python scripts/arch_sweep.py [vit roberta ...] [--out DIR]
 
 Each architecture is built from a config with seeded random weights (two layers, hidden 64
-to 128, batch 2 x 32 tokens or 64x64 images; nothing is downloaded), exported to ONNX, and
-compiled with the stitch and baseline flows: one line per model with kernels,
+to 128, batch 2 x 32 tokens or 64x64 images; nothing is downloaded), exported to ONNX (a text
+model with its padding mask as a second input, fed random-length prefixes of ones: padded rows
+are what a mask sets to float32's lowest value throughout), and compiled with the stitch and
+baseline flows: one line per model with kernels,
 memory-intensive kernels and global bytes of each flow, the stitch flow's fallbacks that are
 not "nothing to stitch", and the check of the stitch flow against onnxruntime on the SIMT
 runner (resources included). Needs the ``models`` extra. Exit status 1 if a check fails.
@@ -25,6 +27,7 @@ from tvm_stitch.analysis import analyze
 from tvm_stitch.graph.grouping import NOTHING_TO_STITCH
 from tvm_stitch.plan import StitchPlan
 from tvm_stitch.testing.differential import check_model
+from tvm_stitch.workloads.inputs import integers, prefix, set_input_dists
 from tvm_stitch.workloads.models import quiet_exporter
 
 BATCH, TOKENS, VOCAB, IMAGE = 2, 32, 512, 64
@@ -78,8 +81,8 @@ IMAGES: dict[str, tuple[str, str, dict[str, Any]]] = {
 
 
 def export(name: str) -> onnx.ModelProto:
-    """Architecture ``name`` with seeded random weights, exported to ONNX (``x`` in, the
-    last hidden state ``y`` out)."""
+    """Architecture ``name`` with seeded random weights, exported to ONNX (``x`` in, and a
+    text model's padding mask ``mask``; the last hidden state ``y`` out)."""
     import torch
     import transformers
 
@@ -89,24 +92,32 @@ def export(name: str) -> onnx.ModelProto:
         **({"vocab_size": VOCAB} if name in TEXT else {}), **config,
         attn_implementation="eager")).eval()
     text = name in TEXT
-    example = (torch.randint(0, VOCAB, (BATCH, TOKENS)) if text
-               else torch.randn(BATCH, 3, IMAGE, IMAGE))
+    if text:
+        mask = torch.ones(BATCH, TOKENS, dtype=torch.int64)
+        mask[1, TOKENS // 2:] = 0
+        example: tuple[torch.Tensor, ...] = (torch.randint(0, VOCAB, (BATCH, TOKENS)), mask)
+    else:
+        example = (torch.randn(BATCH, 3, IMAGE, IMAGE),)
 
     class Hidden(torch.nn.Module):
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            out = model(input_ids=x) if text else model(pixel_values=x)
+        def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+            out = model(input_ids=x, attention_mask=mask) if text else model(pixel_values=x)
             return out.last_hidden_state
 
-    names = dict(input_names=["x"], output_names=["y"])
+    names = dict(input_names=["x", "mask"][:len(example)], output_names=["y"])
     with torch.no_grad(), quiet_exporter():
         try:
-            return torch.onnx.export(Hidden(), (example,), None, dynamo=True, opset_version=18,
-                                     external_data=False, verbose=False, **names).model_proto
+            exported = torch.onnx.export(Hidden(), example, None, dynamo=True,
+                                         opset_version=18, external_data=False, verbose=False,
+                                         **names).model_proto
         except Exception:  # noqa: BLE001 - some export only with the legacy exporter
             buffer = io.BytesIO()
-            torch.onnx.export(Hidden(), (example,), buffer, dynamo=False, opset_version=17,
+            torch.onnx.export(Hidden(), example, buffer, dynamo=False, opset_version=17,
                               **names)
-            return onnx.load_from_string(buffer.getvalue())
+            exported = onnx.load_from_string(buffer.getvalue())
+    if text:
+        set_input_dists(exported, {"x": integers(0, VOCAB), "mask": prefix(0, 1)})
+    return exported
 
 
 def _counts(model: onnx.ModelProto, flow: str) -> str:
