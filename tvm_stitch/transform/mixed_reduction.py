@@ -346,9 +346,10 @@ class _MixedReduction(relax.PyExprMutator):
                 return None
             return self.builder_.emit(relax.Call(bound.op, args, bound.attrs), name_hint=name)
 
-        if _read_through(self.lookup_binding, data, self.outputs):
+        if _read_through(self.lookup_binding, data, self.outputs) \
+                and _static_dims(data) == dims:
             return self._transposed(data, dims, perm, name)
-        return pushed(data)
+        return pushed(data)  # a broadcast operand of fewer axes gets its leading ones there
 
     def _transposed(self, data: relax.Expr, dims: list[int | None], perm: list[int],
                     name: str) -> relax.Expr:
