@@ -70,6 +70,28 @@ def test_float16_kernel_runs_on_the_simt_runner() -> None:
     np.testing.assert_array_equal(b, (a.astype(np.float32) * 0.5).max(axis=1).astype(np.float16))
 
 
+@T.prim_func(s_tir=True)
+def at_least_f16(a: T.Buffer((256,), "float16"), b: T.Buffer((256,), "float16")):
+    """A float16 literal that is no half (0.1) and whose half seven digits do not print."""
+    for i in T.thread_binding(256, thread="threadIdx.x"):
+        with T.sblock("at_least"):
+            vi = T.axis.remap("S", [i])
+            b[vi] = T.Select(a[vi] >= T.float16(0.1), T.float16(1), T.float16(0))
+
+
+def test_float16_constants_are_the_halves_they_denote() -> None:
+    """CUDA converts the literal to its half (0.0999755859375) and compares with that; so
+    does the runner, although TVM's OpenCL code generator prints it as 9.997559e-02f, above
+    the half."""
+    half = np.float16(0.1)
+    a = np.linspace(-1, 1, 256).astype(np.float16)
+    a[::3] = half
+    b = np.zeros(256, np.float16)
+    SimtFunction.from_primfunc(at_least_f16, "at_least_f16")(a, b)
+    assert np.float32(half) < np.float32(f"{np.float32(half):.6e}")
+    np.testing.assert_array_equal(b, (a >= half).astype(np.float16))
+
+
 def _f16_model():
     nodes = [helper.make_node("LayerNormalization", ["x", "g"], ["ln"], axis=-1),
              helper.make_node("Softmax", ["ln"], ["y"], axis=-1),

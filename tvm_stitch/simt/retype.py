@@ -106,13 +106,9 @@ def half_rounded(func: tirx.PrimFunc) -> tirx.PrimFunc:
         return call if call.op.same_as(_IF_THEN_ELSE) else rounded(call)
 
     def on_constant(imm: tirx.FloatImm) -> tvm.ir.PrimExpr:
-        if not _is_float16(imm):
-            return imm
-        half = float(np.float16(imm.value))
-        constant = tirx.FloatImm("float16", half)
-        # TVM's OpenCL code generator prints a constant with seven significant digits
-        # (0.0999755859375 as 9.997559e-02f): rounding what it prints gives the half back.
-        return constant if float(f"{half:.6e}") == half else rounded(constant)
+        # a half that seven digits do not print exactly is written as its bits later
+        # (``device.exact_constants``)
+        return tirx.FloatImm("float16", float(np.float16(imm.value))) if _is_float16(imm) else imm
 
     arithmetic = (tirx.Add, tirx.Sub, tirx.Mul, tirx.Div, tirx.Mod, tirx.FloorDiv,
                   tirx.FloorMod)
