@@ -33,6 +33,7 @@ from ..graph.planner import Draft, draft_plan
 from ..graph.tvm_fusion import tvm_fusion_groups
 from ..plan import GROUP_ATTR, ComputeOp, Fallback, Group, Refusal, StitchPlan
 from ..schedule.decisions.choosing import Task, decisions_for
+from ..schedule.decisions.memo import remembering
 from ..schedule.occupancy import device_of
 from ..schedule.rows import Unstitchable, error_summary
 from ..schedule.rule import contraction_rules, is_scheduled, pads_matmul, schedule_func
@@ -77,7 +78,8 @@ def stitch(mod: IRModule, target: Target | None = None) -> tuple[IRModule, Stitc
     if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
         return _tvm_fusion(mod), StitchPlan(notes=("no main function: TVM's fusion only",))
     try:
-        fused, groups, draft, failed, notes = _stitch_rounds(mod, target)
+        with remembering():
+            fused, groups, draft, failed, notes = _stitch_rounds(mod, target)
     except Exception as err:  # noqa: BLE001 - never worse than TVM's own fusion
         logger.warning("stitching gave up: %s", err)
         fused, groups, draft, failed = mod, [], Draft([]), []

@@ -64,6 +64,7 @@ from ..row_permutation import permute_rows
 from ..rows import Unstitchable, error_summary
 from ..rows_first import rows_first
 from ..vectors import lane_blocks, scalar_blocks, vector_reads
+from . import memo
 from .flat import decide_flat
 from .global_stitch import decide_global
 from .row_walk import decide_row_walk, walk_rows
@@ -124,8 +125,22 @@ def decide(func: tirx.PrimFunc, group: Group, rows: int | None,
 
     A kernel that the rules' vectors make unbuildable (lowering fails) is decided again in
     scalar accesses, unless ``choices`` fix the vector.
+
+    Within ``memo.remembering``, a function and group decided before get the same decisions
+    at once (identical layers, the stitch pass's rounds); their ``scheduled`` and ``lowered``
+    kernels are the first's, the same TIR.
     """
     choices = choices or Choices()
+    key = memo.key_of(func, group, rows, target, choices)
+    known = memo.recalled(key, group)
+    if known is not None:
+        return known
+    return memo.remember(key, _decide_vectors(func, group, rows, target, choices))
+
+
+def _decide_vectors(func: tirx.PrimFunc, group: Group, rows: int | None,
+                    target: Target | None, choices: Choices) -> Decided:
+    """``decide``, in scalar accesses where the rules' vectors do not build."""
     try:
         return _decide_pairs(func, group, rows, target, choices)
     except Unstitchable as err:
