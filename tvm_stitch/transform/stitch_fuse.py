@@ -38,6 +38,7 @@ from ..schedule.occupancy import device_of
 from ..schedule.rows import Unstitchable, error_summary
 from ..schedule.rule import contraction_rules, is_scheduled, pads_matmul, schedule_func
 from ..symbolic import declared_bounds, with_bounds, yardstick_sizes
+from .corrected_layer_norm import plain_layer_norms
 from .outline import outline
 from .unwrap_indices import unwrap_indices
 from .yardstick import Yardstick
@@ -112,7 +113,7 @@ def _stitch_rounds(mod: IRModule, target: Target | None
     apart: frozenset[str] = frozenset()
     cuts: frozenset[tuple[str, str]] = frozenset()
     limits, unscheduled, parted = Limits(), [], []
-    fusion = tvm_fusion_groups(mod)
+    fusion = tvm_fusion_groups(plain_layer_norms(mod))
     yardstick = Yardstick(fusion, target) if target is not None else None
     for _ in range(MAX_ROUNDS):
         draft = draft_plan(mod, excluded, fusion.groups,
@@ -167,7 +168,9 @@ def _parts_refusal(og: OpGroup, parts: list[tuple[int, ...]], reason: str) -> Re
 
 
 def _tvm_fusion(mod: IRModule) -> IRModule:
-    return tvm.transform.Sequential([relax.transform.FuseOps(), relax.transform.FuseTIR()])(mod)
+    """TVM's fusion of what is not stitched, its LayerNorms topi's (``plain_layer_norms``)."""
+    return tvm.transform.Sequential([relax.transform.FuseOps(), relax.transform.FuseTIR()])(
+        plain_layer_norms(mod))
 
 
 def _function_name(prefix: str, ops: tuple[str, ...]) -> str:
