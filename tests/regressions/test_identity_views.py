@@ -4,7 +4,12 @@ them in the end (transform/identity_views.py).
 Fuzz graph 4242:66: a Max with a constant read through a same-type Cast (by a MatMul) and an
 identity Transpose (a graph output) fell back with "the stitched kernel moves 576 B of global
 memory, TVM's fusion of the same ops 384 B": the group wrote both copies out, where TVM's
-RewriteDataflowReshape makes each copy kernel a view."""
+RewriteDataflowReshape makes each copy kernel a view.
+
+Fuzz graph 9419:19: such an op became a reshape to the same shape, which TVM legalizes to an
+injective kernel, and FuseOps fuses no injective op into a matmul's epilogue: an identity
+Transpose between a MatMul and a Mul left the Mul out of the matmul's kernel (3 kernels and
+13764 B against TVM's 2 and 8164 B). The op is now removed, its uses reading its input."""
 
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from tvm import relax
 from tvm.script import relax as R
 
 from tvm_stitch import verify
+from tvm_stitch.analysis import analyze
 from tvm_stitch.plan import StitchPlan
 from tvm_stitch.testing.differential import check_model
 from tvm_stitch.transform.identity_views import is_identity
@@ -35,6 +41,33 @@ def test_a_same_type_cast_and_an_identity_transpose_of_a_stitched_value_are_view
     assert global_bytes(built, "stitch") <= global_bytes(built, "baseline")
     outcome = check_model(built, "stitch")
     assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+
+
+def test_an_identity_transpose_keeps_a_matmul_epilogue_in_the_matmul() -> None:
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["p"]),
+             helper.make_node("Transpose", ["p"], ["t"], perm=[0, 1]),
+             helper.make_node("Mul", ["t", "c"], ["y"])]
+    built = model(nodes, {"x": [7, 5]}, {"y": [7, 100]},
+                  {"w": np.linspace(-1, 1, 500, dtype=np.float32).reshape(5, 100),
+                   "c": np.linspace(0.5, 1.5, 100, dtype=np.float32)})
+    assert _kernels_and_bytes(built, "stitch") == _kernels_and_bytes(built, "baseline")
+    outcome = check_model(built, "stitch", resources=False)
+    assert outcome.kind == "ok", outcome.error
+
+
+@pytest.mark.parametrize("outputs", [["t"], ["t", "e"]])
+def test_an_identity_op_of_a_graph_input_as_an_output(outputs: list[str]) -> None:
+    """The output is the input itself, and read by another op."""
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[0, 1]),
+             helper.make_node("Exp", ["t"], ["e"])]
+    built = model(nodes, {"x": [16, 3]}, {name: [16, 3] for name in outputs})
+    outcome = check_model(built, "stitch", resources=False)
+    assert outcome.kind == "ok", outcome.error
+
+
+def _kernels_and_bytes(built, flow: str) -> tuple[int, int]:
+    report = analyze(verify.compile_model(built, flow))
+    return len(report.kernels), report.global_bytes
 
 
 @pytest.mark.parametrize("op,identity", [

@@ -5,8 +5,10 @@ permutation, an Expand to the shape it has. TVM legalizes each into a copy kerne
 its ``RewriteDataflowReshape`` later recognises as a view: TVM's flow moves no bytes for
 them. Grouped into a stitched kernel, the same copy is a second output written out (fuzz
 graph 4242:66: a maximum read through a same-type Cast by a MatMul and through an identity
-Transpose as a graph output moved 576 B against TVM's 384 B). As ``reshape`` to its own
-shape each is a view that grouping already leaves out of its kernels.
+Transpose as a graph output moved 576 B against TVM's 384 B). So each is removed, its uses
+reading its input. Not a reshape to the same shape: TVM legalizes that to an injective
+kernel, and FuseOps fuses no injective op into a matmul's epilogue (fuzz graph 9419:19: a
+Mul behind an identity Transpose of a MatMul ran as a kernel of its own).
 """
 
 from __future__ import annotations
@@ -47,26 +49,25 @@ def is_identity(call: relax.Call) -> bool:
 
 @relax.expr_functor.mutator
 class _IdentityViews(relax.PyExprMutator):
-    """Rewrites every identity op into a reshape of its input to the input's own shape."""
+    """Rewrites every identity op into its input."""
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
-        """A reshape for an identity op; other calls unchanged."""
+        """The input of an identity op; other calls unchanged."""
         call = super().visit_call_(call)
         if not is_identity(call):
             return call
-        # a reshape, not the input itself: a variable returned would be bound as an alias,
-        # which grouping does not see through
-        return relax.op.reshape(call.args[0], call.args[0].ty.shape)
+        return call.args[0]  # bound as an alias, which CanonicalizeBindings removes
 
 
 @tvm.transform.module_pass(opt_level=0, name="IdentityViews")
 class IdentityViews:
-    """Replace every op of the module's Relax functions that returns its input unchanged by
-    a view of that input."""
+    """Remove every op of the module's Relax functions that returns its input unchanged, its
+    uses reading that input."""
 
     def transform_module(self, mod: IRModule, _ctx: tvm.transform.PassContext) -> IRModule:
         """Run the pass on ``mod``."""
-        return rewrite_functions(_IdentityViews(mod), mod)
+        return relax.transform.CanonicalizeBindings()(rewrite_functions(_IdentityViews(mod),
+                                                                         mod))
 
 
 __all__ = ["IdentityViews", "is_identity"]
