@@ -50,6 +50,8 @@ def parse_args(argv: list[str] | None = None) -> Options:
                              "(e.g. tests/regressions/cases)")
     parser.add_argument("--no-resources", action="store_true",
                         help="skip the per-kernel resource checks (nvcc)")
+    parser.add_argument("--no-cost", action="store_true",
+                        help="skip comparing kernels and global bytes with TVM's flow")
     parser.add_argument("--timeout", type=float, default=300.0,
                         help="seconds per graph before it counts as a hang (0: no worker)")
     parser.add_argument("--shrink-budget", type=int, default=60,
@@ -71,7 +73,8 @@ def parse_args(argv: list[str] | None = None) -> Options:
                          large=args.large)
     return Options(graphs=args.graphs, seed=args.seed, start=args.start, flow=args.flow,
                    target=args.target, out=args.out, regressions=args.regressions,
-                   resources=not args.no_resources, timeout=args.timeout,
+                   resources=not args.no_resources, cost=not args.no_cost,
+                   timeout=args.timeout,
                    shrink_budget=args.shrink_budget,
                    jobs=max(1, args.jobs) if args.timeout > 0 else 1,
                    config=config)

@@ -87,6 +87,24 @@ def _counted(outcome: differential.Outcome) -> Summary:
     return summary
 
 
+def test_cost_is_compared_with_tvms_flow_on_request() -> None:
+    """A column softmax of (257, 7) stitched Globally: one kernel, but its partial sums
+    through global memory move more bytes than TVM's two kernels (after fuzz graph 9419:30).
+    A row softmax needs fewer of both."""
+    nodes = [helper.make_node("Softmax", ["x"], ["s"], axis=0),
+             helper.make_node("Add", ["s", "x"], ["y"]),
+             helper.make_node("Exp", ["x"], ["e"])]
+    column = make_model(nodes, {"x": ([257, 7], F32)}, {"y": ([257, 7], F32),
+                                                        "e": ([257, 7], F32)})
+    outcome = check_model(column, "stitch", resources=False, cost=True)
+    assert outcome.kind == "ok" and outcome.stages["cost"] == "ok"
+    assert outcome.costlier.startswith("1 kernels, ") and "TVM's flow 2 kernels" in \
+        outcome.costlier, outcome.costlier
+    assert check_model(column, "stitch", resources=False).costlier == ""  # not asked
+    row = check_model(_softmax_model(), "stitch", resources=False, cost=True)
+    assert row.kind == "ok" and row.stages["cost"] == "ok" and row.costlier == ""
+
+
 def test_a_crash_only_the_flow_has_is_ours(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pipeline, "lower", _fail_in({"stitch"}, pipeline.lower))
     outcome = check_model(_softmax_model(), "stitch", resources=False)

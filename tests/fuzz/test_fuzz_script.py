@@ -26,7 +26,7 @@ from tvm_stitch.testing.graphs import LARGE_SHAPES, GraphConfig, graph_from_seed
 SCRIPT = Path(__file__).parents[2] / "scripts" / "fuzz.py"
 SUMMARY = re.compile(r"^graphs=(\d+) mismatches=(\d+) crashes=(\d+) fallbacks=(\d+) "
                      r"tvm_crashes=\d+ resource_violations=\d+ tvm_resource_violations=\d+ "
-                     r"genuine_fallbacks=\d+$")
+                     r"genuine_fallbacks=\d+ costlier=\d+$")
 CI_SEED = 2024
 CI_GRAPHS = 40
 
@@ -54,6 +54,8 @@ def test_summary_line_and_exit_status() -> None:
     summary.add(_ok(kind="tvm_crash", stage="compile", error="E: x"))
     assert summary.line().startswith("graphs=2 mismatches=0 crashes=0 fallbacks=1 ")
     assert SUMMARY.match(summary.line()) and not summary.failed
+    summary.add(_ok(costlier="1 kernels, 9 B; TVM's flow 2 kernels, 8 B"))
+    assert summary.costlier == 1 and not summary.failed  # counted, never a failure
     summary.add(_ok(violations=["sm_90 f/k: spills 8 B"]))
     assert summary.failed and summary.resource_violations == 1
 
@@ -74,7 +76,7 @@ class FakeChecker:
     """Fails every graph with an Exp, after a random short while (so parallel jobs finish
     out of order)."""
 
-    def __init__(self, *args) -> None:
+    def __init__(self, *args, **kwargs) -> None:
         self.timeout = 0.0
 
     def __call__(self, model: onnx.ModelProto, seed: int = 0) -> dict:

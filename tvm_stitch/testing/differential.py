@@ -75,6 +75,7 @@ class Outcome:
     fallbacks: list[str] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)  # in kernels the stitch flow made
     tvm_violations: list[str] = field(default_factory=list)  # in kernels TVM scheduled
+    costlier: str = ""  # more kernels or global bytes than TVM's flow: how many of each
     baseline: str = ""  # the baseline flow's kind, when it was run for comparison
     trace: str = ""
 
@@ -364,13 +365,16 @@ def _stage(outcome: Outcome, stage: str, fn: Callable[..., T], *args: object
 def check_model(model: onnx.ModelProto, flow: str, target: str = DEFAULT_TARGET, seed: int = 0,
                 resources: bool = True, triage: bool = True,
                 feeds: dict[str, np.ndarray] | None = None,
-                expected: list[np.ndarray] | None = None) -> Outcome:
+                expected: list[np.ndarray] | None = None, cost: bool = False) -> Outcome:
     """Import ``model``, compile it with ``flow``, run it on the SIMT runner, compare and
     (``resources``) check every kernel's resources; every stage that can run does, and its
     result is in ``Outcome.stages``. Inputs are ``feeds``, else seeded random values; the
     reference is ``expected``, else onnxruntime's outputs. ``triage`` runs the baseline flow
     on a failure, to show what TVM's default pipeline does with the model and to excuse a
-    crash that is TVM's (``_triage``)."""
+    crash that is TVM's (``_triage``). ``cost`` compiles the baseline flow too and records
+    in ``Outcome.costlier`` whether ``flow`` needs more kernels or global bytes (counted
+    from the TIR) than TVM's flow: never a failure, since Global groups buy parallelism with
+    partial sums through global memory."""
     from ..simt import SimtModule
     from .resources import check_resources
 
@@ -381,6 +385,8 @@ def check_model(model: onnx.ModelProto, flow: str, target: str = DEFAULT_TARGET,
     if not ok:
         return _finish(outcome, triage, model, target, seed, feeds, expected)
     _, plan = _stage(outcome, "plan", _plan, scheduled, outcome)
+    if cost and flow != "baseline":
+        outcome.costlier = _costlier(imported, scheduled, target, outcome)
     if feeds is None:
         _, feeds = _stage(outcome, "inputs", make_inputs, model, seed)
     ran = feeds is not None
@@ -409,6 +415,25 @@ def check_model(model: onnx.ModelProto, flow: str, target: str = DEFAULT_TARGET,
             outcome.violations = report.violations
             outcome.tvm_violations = report.tvm_violations
     return _finish(outcome, triage, model, target, seed, feeds, expected)
+
+
+def _costlier(imported: IRModule, scheduled: IRModule, target: str, outcome: Outcome) -> str:
+    """How ``scheduled`` needs more kernels or global bytes than TVM's flow compiles
+    ``imported`` in, or ""; "" too when TVM's flow does not compile it (in
+    ``outcome.stages["cost"]``)."""
+    from ..analysis import analyze
+
+    try:
+        tvms = analyze(pipeline.lower(imported, target, "baseline"), target=target)
+    except Exception as err:  # noqa: BLE001 - TVM's failure; the triage names it
+        outcome.stages["cost"] = f"TVM's flow: {type(err).__name__}: {err}"[:2000]
+        return ""
+    ours = analyze(scheduled, target=target)
+    outcome.stages["cost"] = "ok"
+    counts = (len(ours.kernels), ours.global_bytes, len(tvms.kernels), tvms.global_bytes)
+    if None in counts or (counts[0] <= counts[2] and counts[1] <= counts[3]):
+        return ""
+    return f"{counts[0]} kernels, {counts[1]} B; TVM's flow {counts[2]} kernels, {counts[3]} B"
 
 
 def _plan(scheduled: IRModule, outcome: Outcome) -> StitchPlan | None:

@@ -58,6 +58,7 @@ class Options:
     timeout: float = 300.0  # seconds per graph; 0 checks in this process, without a limit
     shrink_budget: int = 60  # replays per failure; 0 keeps failures unshrunk
     jobs: int = 1  # graphs checked at once, each in its own worker process
+    cost: bool = True  # compare kernels and global bytes with TVM's flow (``check_model``)
     config: GraphConfig = field(default_factory=GraphConfig)
 
 
@@ -73,6 +74,7 @@ class Summary:
     tvm_crashes: int = 0
     resource_violations: int = 0
     tvm_resource_violations: int = 0
+    costlier: int = 0  # graphs needing more kernels or bytes than TVM's flow (not failures)
     failures: list[str] = field(default_factory=list)
     fallback_reasons: Counter[str] = field(default_factory=Counter)
     tvm_errors: Counter[str] = field(default_factory=Counter)  # the excused crashes, by error
@@ -92,6 +94,7 @@ class Summary:
         self.fallback_reasons.update({_normalise(r) for r in reasons})
         self.resource_violations += bool(outcome["violations"])
         self.tvm_resource_violations += bool(outcome["tvm_violations"])
+        self.costlier += bool(outcome.get("costlier"))
 
     @property
     def failed(self) -> bool:
@@ -104,7 +107,7 @@ class Summary:
                 f"fallbacks={self.fallbacks} tvm_crashes={self.tvm_crashes} "
                 f"resource_violations={self.resource_violations} "
                 f"tvm_resource_violations={self.tvm_resource_violations} "
-                f"genuine_fallbacks={self.genuine_fallbacks}")
+                f"genuine_fallbacks={self.genuine_fallbacks} costlier={self.costlier}")
 
 
 # Checking in a worker process ----------------------------------------------------------------
@@ -125,12 +128,12 @@ def _serve(conn: Connection) -> None:
 class Checker:
     """Checks models in a worker process with a time limit, replacing the worker after a
     timeout or a crash of the process itself. ``timeout=0`` checks in this process;
-    ``triage`` as for ``check_model``."""
+    ``triage`` and ``cost`` as for ``check_model``."""
 
     def __init__(self, flow: str, target: str, resources: bool, timeout: float,
-                 triage: bool = True) -> None:
+                 triage: bool = True, cost: bool = False) -> None:
         self.flow, self.target, self.resources, self.timeout = flow, target, resources, timeout
-        self.triage = triage
+        self.triage, self.cost = triage, cost
         self._proc: mp.process.BaseProcess | None = None
         self._conn: Connection | None = None
 
@@ -165,7 +168,7 @@ class Checker:
         for ``check_model``."""
         kwargs = {"flow": self.flow, "target": self.target, "seed": seed,
                   "resources": self.resources, "triage": self.triage, "feeds": feeds,
-                  "expected": expected}
+                  "expected": expected, "cost": self.cost}
         if self.timeout <= 0:
             return check_model(model, **kwargs).to_dict()
         conn = self._start()
@@ -267,7 +270,7 @@ def run(options: Options, log: Callable[[str], None] = print,
     def check(model: onnx.ModelProto) -> tuple[dict, float]:
         if not hasattr(local, "checker"):
             local.checker = Checker(options.flow, options.target, options.resources,
-                                    options.timeout)
+                                    options.timeout, cost=options.cost)
             checkers.append(local.checker)
         start = time.time()
         return local.checker(model), time.time() - start
@@ -296,6 +299,9 @@ def run(options: Options, log: Callable[[str], None] = print,
                 elif outcome["tvm_violations"]:
                     log(f"graph {index}: ok, but a kernel TVM scheduled breaks a limit: "
                         f"{outcome['tvm_violations'][0]}")
+                elif outcome["costlier"]:
+                    log(f"graph {index}: ok, but costlier than TVM's flow: "
+                        f"{outcome['costlier']}")
                 elif index % 50 == 0:
                     log(f"graph {index}: ok ({seconds:.1f} s) {summary.line()}")
                 if done is not None:
