@@ -49,13 +49,16 @@ def is_identity(call: relax.Call) -> bool:
 
 @relax.expr_functor.mutator
 class _IdentityViews(relax.PyExprMutator):
-    """Rewrites every identity op into its input."""
+    """Rewrites every identity op into its input; ``removed`` says whether it met one."""
+
+    removed = False
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         """The input of an identity op; other calls unchanged."""
         call = super().visit_call_(call)
         if not is_identity(call):
             return call
+        self.removed = True
         return call.args[0]  # bound as an alias, which CanonicalizeBindings removes
 
 
@@ -66,8 +69,11 @@ class IdentityViews:
 
     def transform_module(self, mod: IRModule, _ctx: tvm.transform.PassContext) -> IRModule:
         """Run the pass on ``mod``."""
-        return relax.transform.CanonicalizeBindings()(rewrite_functions(_IdentityViews(mod),
-                                                                         mod))
+        mutator = _IdentityViews(mod)
+        rewritten = rewrite_functions(mutator, mod)
+        # only then: it also renames the bindings a graph output aliases
+        return relax.transform.CanonicalizeBindings()(rewritten) if mutator.removed \
+            else rewritten
 
 
 __all__ = ["IdentityViews", "is_identity"]
