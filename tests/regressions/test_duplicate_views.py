@@ -37,8 +37,10 @@ def test_identity_transposes_alone_are_left_to_tvm_as_views() -> None:
              helper.make_node("Transpose", ["t"], ["u"], perm=[0, 1])]
     model = _model(nodes, {"x": [2, 100]}, {"t": [2, 100], "u": [2, 100]}, {})
     plan = StitchPlan.of_module(verify.compile_model(model, "stitch"))
-    assert not plan.groups and plan.fallbacks
+    # removed (transform.identity_views): nothing left to stitch or to leave to TVM
+    assert not plan.groups
     assert all(f.reason in NOTHING_TO_STITCH for f in plan.fallbacks), plan.fallbacks
+    assert global_bytes(model, "stitch") <= global_bytes(model, "baseline")
     outcome = check_model(model, "stitch")
     assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
 
@@ -70,7 +72,8 @@ def test_two_reshapes_of_one_computed_value_passed_out_are_views_of_it() -> None
                    {"c": np.array(0.25, np.float32), "s1": np.array([480], np.int64),
                     "s2": np.array([16, 1, 30], np.int64)})
     plan = StitchPlan.of_module(verify.compile_model(model, "stitch"))
-    assert [f.reason for f in plan.fallbacks] == [DUPLICATE_VIEW] * 2, plan.fallbacks
+    assert DUPLICATE_VIEW in [f.reason for f in plan.fallbacks], plan.fallbacks
+    assert all(f.reason in NOTHING_TO_STITCH for f in plan.fallbacks), plan.fallbacks
     assert global_bytes(model, "stitch") <= global_bytes(model, "baseline")
     outcome = check_model(model, "stitch")
     assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)

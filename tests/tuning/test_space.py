@@ -110,7 +110,7 @@ def test_candidates_are_distinct_legal_kernels_the_rules_first(kind: str) -> Non
 @pytest.mark.parametrize("choices", [Choices(held=("x",)), Choices(reread=("x",)),
                                      Choices(threads_per_row=8, rows_per_block=8, vector=1)])
 def test_chosen_kernels_match_onnxruntime(choices: Choices) -> None:
-    model = micro.layer_norm((64, 1024))
+    model = micro.softmax((64, 1024))
     with choosing(FixedChoices(choices)):
         scheduled = pipeline.lower(import_model(model), TARGET, flow="stitch")
     (group,) = StitchPlan.of_module(scheduled).groups

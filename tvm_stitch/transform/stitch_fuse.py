@@ -248,13 +248,11 @@ def _decide_all(fused: IRModule, draft: Draft, names: dict[int | str, str],
         try:
             for decided in decisions_for(task):
                 # a Global group's partial sums make a round trip through global memory by
-                # design, bought for parallelism where TVM's kernel leaves most of the GPU
-                # idle; a grid of one block buys none (its partials count)
+                # design, bought for parallelism where TVM's kernel leaves most of the GPU idle
                 sizes = yardstick_sizes(func) or None  # symbolic shapes: counted at these
-                launch = decided.group.launch
-                bought = decided.group.phases and (launch is None or launch.grid != 1)
                 moved = None if decided.lowered is None else global_bytes(
-                    decided.lowered, {p.name for p in func.params} if bought else None, sizes)
+                    decided.lowered,
+                    {p.name for p in func.params} if decided.group.phases else None, sizes)
                 members = frozenset(n.var for n in og.nodes)
                 worse = None if yardstick is None or moved is None else yardstick.excess(
                     members, moved, sizes)
