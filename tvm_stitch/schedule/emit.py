@@ -82,6 +82,7 @@ from .persistent import (
 from .phases import copy_across_barrier, normalise_column, register_sum
 from .reduction_guards import keep_write_back_guards
 from .registers import hold_inputs
+from .results import results_in_registers
 from .row_permutation import RowPermutation, permute_rows
 from .rows import Unstitchable, iters_of, row_element_map
 from .rows_first import rows_first
@@ -148,12 +149,14 @@ def kernel(func: tirx.PrimFunc, group: Group) -> Kernel:
 def emit(func: tirx.PrimFunc, group: Group) -> s_tir.Schedule:
     """Schedule ``func`` (the fused PrimFunc of ``group``) as the plan says: one kernel, or
     for a Global group one launch nest per phase (``kernel`` merges them); the blocks the
-    plan computes lane by lane get their register vectors (``lanes``)."""
+    plan computes lane by lane get their register vectors (``lanes``), and the readers of a
+    reduction result a register copy of it (``results``)."""
     sch = _mapped(func, group)
     if group.lane_blocks:
         register_lanes(sch, group.lane_blocks, group.mapping.vector)
         # after the lanes' register copies, which a step of the whole vector moves
         bound_unrolling(sch, tuple(u for u in group.unrolled if u.block in group.lane_blocks))
+    results_in_registers(sch)
     return sch
 
 

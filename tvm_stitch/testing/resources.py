@@ -162,13 +162,13 @@ def _launches(scheduled: IRModule, arch: str) -> Iterator[tuple[str, KernelLaunc
 
 
 def local_arrays(kernel: tirx.PrimFunc) -> dict[str, int]:
-    """The thread-local arrays (``local`` scope allocations) of a finalised device kernel:
-    buffer name -> elements (-1 when its shape is not a constant)."""
+    """The thread-local arrays (``local`` scope allocations, ``local.result`` ones too) of a
+    finalised device kernel: buffer name -> elements (-1 when its shape is not a constant)."""
     found: dict[str, int] = {}
 
     def visit(alloc: tirx.AllocBuffer) -> None:
         buffer = alloc.buffer
-        if buffer.scope() == "local":
+        if buffer.scope().split(".")[0] == "local":
             dims = [int(d) if isinstance(d, tirx.IntImm) else -1 for d in buffer.shape]
             found[buffer.name] = -1 if -1 in dims else math.prod(dims)
 
