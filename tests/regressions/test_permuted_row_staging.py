@@ -9,7 +9,13 @@ block has 2: one row was never staged. Rows of such an input are now one per blo
 block, the input is re-read from global memory; and emission refuses a block computed at a
 row step that covers more rows than the block has (schedule/emit.py, ``_bind_at_step``).
 The same box made a window reverse before a Swin LayerNorm (96 channels) ask for 2.2 MB of
-shared memory and fall back; it stitches now."""
+shared memory and fall back; it stitches now.
+
+Fuzz graph 10007:419: ``x`` read transposed (a column mean of it) and as it is (``x + s``) in
+one Global group was staged as one permuted row: the two readers want two different rows of
+``x`` at each row of the group, and the transposed output came out 0.36 from onnxruntime.
+Staging now needs every reader at the same row of the input
+(schedule/rows.py, ``same_permuted_rows``); else the input is re-read."""
 
 from __future__ import annotations
 
@@ -87,3 +93,17 @@ def test_a_window_reverse_before_a_layer_norm_stitches() -> None:
     assert not plan.fallbacks and len(plan.groups) == 1, plan
     outcome = check_model(built, "stitch")
     assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+
+
+def test_an_input_read_transposed_and_as_it_is_is_not_staged_as_one_row() -> None:
+    nodes = [helper.make_node("Add", ["x", "s"], ["a"]),
+             helper.make_node("Transpose", ["x"], ["t"], perm=[1, 0, 2]),
+             helper.make_node("ReduceMean", ["t", "axes"], ["y"], keepdims=0)]
+    built = model(nodes, {"x": [8, 8, 256], "s": []},
+                  {"y": [256], "t": [8, 8, 256], "a": [8, 8, 256]},
+                  {"axes": np.array([0, 1], np.int64)})
+    plan = StitchPlan.of_module(verify.compile_model(built, "stitch"))
+    (group,) = plan.groups
+    assert _level(group, "x") is StorageLevel.GLOBAL, str(plan)
+    outcome = check_model(built, "stitch", triage=False)
+    assert outcome.kind == "ok", outcome.error

@@ -240,6 +240,32 @@ def permuted_row(info: BlockRows, region: tvm.ir.TensorRegion, rows: int) -> boo
     return len(mapped.indices) == 1
 
 
+def same_permuted_rows(accesses: list[tuple[BlockRows, tvm.ir.TensorRegion]], rows: int
+                       ) -> bool:
+    """Whether the accesses (each ``permuted_row``) all read, at each row of the group, the
+    same row of their buffer: a staged copy of one row serves them all. An input read
+    transposed by one block and as it is by another (fuzz graph 10007:419, ``x[j, i]`` and
+    ``x[i, j]`` at row ``(i, j)``) is read at two rows. Each block's row is its row
+    iterators counted row-major, the group's row ``r``; unproven counts as different."""
+    group_row = tvm.ir.Var("r", "int64")
+    found: list[tvm.ir.PrimExpr] = []
+    for info, region in accesses:
+        shape = shape_values(region.source.shape)
+        kb = prefix_split(shape, rows) if shape is not None else None
+        if not kb:
+            return False
+        index = _row_index([r.min for r in list(region.region)[:kb]],
+                           list(region.source.shape)[:kb])
+        stride, at = 1, {}
+        for it in reversed(info.row_iters):
+            at[it.var] = (group_row // stride % it.extent).astype(it.var.ty.dtype)
+            stride *= it.extent
+        found.append(substitute(index, at).astype("int64"))
+    ana = Analyzer()
+    ana.bind(group_row, tvm.ir.Range(tirx.IntImm("int64", 0), tirx.IntImm("int64", rows)))
+    return all(ana.can_prove_equal(found[0], other) for other in found[1:])
+
+
 def permuted_elements(info: BlockRows, region: tvm.ir.TensorRegion) -> bool:
     """Whether the access touches one element of its buffer per point of the block, a
     one-to-one function of all the block's iterators (a transpose back written from the

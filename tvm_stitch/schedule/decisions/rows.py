@@ -56,6 +56,7 @@ from ..rows import (
     reads_own_element,
     row_elements,
     rows_sharing,
+    same_permuted_rows,
 )
 from ..vectors import HALF_MATH_CALLS, half_math_calls
 from .budget import fit_budget
@@ -486,7 +487,8 @@ def decide_staging(sch: s_tir.Schedule, func: tirx.PrimFunc, infos: dict[str, Bl
             elif any(info.elements > per_row for info, _ in regions):
                 dec.staged.append(Staging(param.name, BufferRole.INPUT, per_row * bytes_of(param),
                                           "broadcast over the row: read once per row"))
-        elif sites >= 2 and all(permuted_row(info, r, rows) for info, r in regions):
+        elif sites >= 2 and all(permuted_row(info, r, rows) for info, r in regions) \
+                and same_permuted_rows(regions, rows):
             dec.staged.append(Staging(param.name, BufferRole.INPUT,
                                       row_elements(param, rows) * bytes_of(param),
                                       f"read at {sites} places in a permuted row",
