@@ -105,6 +105,22 @@ def test_cost_is_compared_with_tvms_flow_on_request() -> None:
     assert row.kind == "ok" and row.stages["cost"] == "ok" and row.costlier == ""
 
 
+def test_a_count_that_fails_on_our_kernel_is_a_crash_of_the_cost_stage(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fuzz graph 10007:419: the traffic counter raised on a stitched kernel while the cost
+    was compared, outside any stage, and killed the fuzzer's worker; it is a crash of ours
+    at the stage ``cost`` now, and the other stages still run."""
+    from tvm_stitch.analysis.traffic import AnalysisError
+
+    def fail(scheduled, target):
+        raise AnalysisError("trip count of loop ax0 does not reduce to a constant")
+
+    monkeypatch.setattr(differential, "_analyze", fail)
+    outcome = check_model(_softmax_model(), "stitch", resources=False, cost=True)
+    assert (outcome.kind, outcome.stage) == ("crash", "cost"), outcome.error
+    assert "AnalysisError" in outcome.stages["cost"] and outcome.stages["compare"] == "ok"
+
+
 def test_a_crash_only_the_flow_has_is_ours(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pipeline, "lower", _fail_in({"stitch"}, pipeline.lower))
     outcome = check_model(_softmax_model(), "stitch", resources=False)

@@ -150,13 +150,15 @@ def emit(func: tirx.PrimFunc, group: Group) -> s_tir.Schedule:
     """Schedule ``func`` (the fused PrimFunc of ``group``) as the plan says: one kernel, or
     for a Global group one launch nest per phase (``kernel`` merges them); the blocks the
     plan computes lane by lane get their register vectors (``lanes``), and the readers of a
-    reduction result a register copy of it (``results``)."""
+    reduction result a register copy of it (``results``; not under run-time row tiles,
+    whose rewrite leaves no stage pipeline to place copies in)."""
     sch = _mapped(func, group)
     if group.lane_blocks:
         register_lanes(sch, group.lane_blocks, group.mapping.vector)
         # after the lanes' register copies, which a step of the whole vector moves
         bound_unrolling(sch, tuple(u for u in group.unrolled if u.block in group.lane_blocks))
-    results_in_registers(sch)
+    if not group.mapping.row_tiles:
+        results_in_registers(sch)
     return sch
 
 

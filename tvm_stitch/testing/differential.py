@@ -39,7 +39,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import onnx
@@ -53,6 +53,9 @@ from ..frontend.onnx import import_model
 from ..plan import StitchPlan
 from ..target import DEFAULT_TARGET
 from ..workloads import inputs as make_inputs
+
+if TYPE_CHECKING:
+    from ..analysis import ModuleReport
 
 STAGES = ("import", "compile", "plan", "inputs", "simt", "reference", "compare", "resources")
 TVM_STAGES = ("import", "compile")
@@ -386,7 +389,10 @@ def check_model(model: onnx.ModelProto, flow: str, target: str = DEFAULT_TARGET,
         return _finish(outcome, triage, model, target, seed, feeds, expected)
     _, plan = _stage(outcome, "plan", _plan, scheduled, outcome)
     if cost and flow != "baseline":
-        outcome.costlier = _costlier(imported, scheduled, target, outcome)
+        # our traffic counter failing on our kernel is our crash, recorded as such
+        counted, ours = _stage(outcome, "cost", _analyze, scheduled, target)
+        if counted:
+            outcome.costlier = _costlier(imported, ours, target, outcome)
     if feeds is None:
         _, feeds = _stage(outcome, "inputs", make_inputs, model, seed)
     ran = feeds is not None
@@ -417,19 +423,21 @@ def check_model(model: onnx.ModelProto, flow: str, target: str = DEFAULT_TARGET,
     return _finish(outcome, triage, model, target, seed, feeds, expected)
 
 
-def _costlier(imported: IRModule, scheduled: IRModule, target: str, outcome: Outcome) -> str:
-    """How ``scheduled`` needs more kernels or global bytes than TVM's flow compiles
-    ``imported`` in, or ""; "" too when TVM's flow does not compile it (in
-    ``outcome.stages["cost"]``)."""
+def _analyze(scheduled: IRModule, target: str) -> ModuleReport:
     from ..analysis import analyze
 
+    return analyze(scheduled, target=target)
+
+
+def _costlier(imported: IRModule, ours: ModuleReport, target: str, outcome: Outcome) -> str:
+    """How the module ``ours`` counts needs more kernels or global bytes than TVM's flow
+    compiles ``imported`` in, or ""; "" too when TVM's flow does not compile it (in
+    ``outcome.stages["cost"]``)."""
     try:
-        tvms = analyze(pipeline.lower(imported, target, "baseline"), target=target)
+        tvms = _analyze(pipeline.lower(imported, target, "baseline"), target)
     except Exception as err:  # noqa: BLE001 - TVM's failure; the triage names it
         outcome.stages["cost"] = f"TVM's flow: {type(err).__name__}: {err}"[:2000]
         return ""
-    ours = analyze(scheduled, target=target)
-    outcome.stages["cost"] = "ok"
     counts = (len(ours.kernels), ours.global_bytes, len(tvms.kernels), tvms.global_bytes)
     if None in counts or (counts[0] <= counts[2] and counts[1] <= counts[3]):
         return ""
