@@ -172,3 +172,38 @@ def test_a_kernel_nvcc_rejects_is_a_problem_of_that_kernel() -> None:
     stitched = huge_shared.with_attr(GROUP_ATTR, 0)
     (line,) = check_resources(IRModule({"huge_shared": stitched}), archs=("sm_80",)).violations
     assert "does not build for sm_80" in line
+
+
+def test_a_modules_kernels_build_as_one_unit_and_alone_where_it_fails(monkeypatch) -> None:
+    """Every PrimFunc of a module is compiled in one nvcc run per architecture, with the
+    resources each gets alone; where that unit does not build, each is compiled alone, so the
+    kernel nvcc rejects is named and the others are checked."""
+    built: list[str] = []
+    compile_ = resources.ptxas._compile
+
+    def counting(nvcc: str, source: str, arch: str) -> dict[str, KernelResources]:
+        built.append(source)
+        return compile_(nvcc, source, arch)
+
+    monkeypatch.setattr(resources.ptxas, "_compile", counting)
+    resources.ptxas._cache.clear()
+    mod = IRModule({"many_blocks": many_blocks, "wide_block": wide_block})
+    together = {k.kernel: _resources(k) for k in check_resources(mod, archs=("sm_90",)).kernels}
+    assert len(built) == 1 and "wide_block_kernel" in built[0] \
+        and "many_blocks_kernel" in built[0]
+    alone = {k.kernel: _resources(k) for name in ("many_blocks", "wide_block")
+             for k in check_resources(IRModule({name: mod[name]}), archs=("sm_90",)).kernels}
+    assert together == alone and len(together) == 2 and all(r[0] for r in together.values())
+
+    built.clear()
+    report = check_resources(IRModule({"many_blocks": many_blocks, "huge_shared": huge_shared}),
+                             archs=("sm_80",))
+    assert len(built) == 3  # the unit, then each alone
+    (line,) = report.tvm_violations
+    assert "huge_shared/" in line and "does not build for sm_80" in line, line
+    (fine,) = [k for k in report.kernels if k.func == "many_blocks"]
+    assert fine.registers > 0 and not fine.problems
+
+
+def _resources(check: resources.KernelCheck) -> tuple[int, int, int, int]:
+    return check.registers, check.shared_bytes, check.spill_bytes, check.stack_bytes

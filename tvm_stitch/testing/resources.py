@@ -250,11 +250,8 @@ def check_resources(scheduled: IRModule, plan: StitchPlan | None = None,
     clustered = {g.function for g in plan.groups if g.cluster > 1} if plan else set()
     launches = [(arch, *item) for arch in archs for item in _launches(scheduled, arch)
                 if has_clusters(arch) or item[0] not in clustered]
-    sources = {(lowered.source(), arch) for arch, _, _, _, lowered in launches}
     ptxas.find_nvcc()  # a missing nvcc fails the check; a kernel nvcc rejects is a problem of it
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        compiled = dict(zip(sources, pool.map(lambda job: _built(*job), sources),
-                            strict=True))
+    compiled = _compiled_sources(launches)
     planned = _planned_launches(plan)
     budgets = _register_budgets(plan)
     checks = []
@@ -271,6 +268,42 @@ def check_resources(scheduled: IRModule, plan: StitchPlan | None = None,
                                  *(p for p in check.problems if not p.startswith("no ptxas"))]
         checks.append(check)
     return ResourceReport(checks)
+
+
+def _compiled_sources(launches: list[tuple[str, str, KernelLaunch, Analyzer, LoweredFunc]]
+                      ) -> dict[tuple[str, str], dict[str, KernelResources] | str]:
+    """``_built`` of the CUDA source of every lowered PrimFunc of ``launches`` for its
+    architecture, by (source, architecture). The kernels of all PrimFuncs are first compiled
+    as one translation unit per architecture, as TVM builds a module: nvcc spends most of a
+    small kernel's time on the CUDA headers, once per unit. Where that unit does not build,
+    each source is compiled alone, so that an error names its own kernels."""
+    by_arch: dict[str, dict[str, LoweredFunc]] = {}
+    for arch, _, _, _, lowered in launches:
+        by_arch.setdefault(arch, {})[lowered.name] = lowered
+    jobs = [(arch, list(funcs.values())) for arch, funcs in by_arch.items()]
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        units = list(pool.map(lambda job: _built_together(job[1], job[0]), jobs))
+        alone = [(f.source(), arch) for (arch, funcs), unit in zip(jobs, units, strict=True)
+                 if unit is None for f in funcs]
+        compiled = dict(zip(alone, pool.map(lambda job: _built(*job), alone), strict=True))
+    for (arch, funcs), unit in zip(jobs, units, strict=True):
+        if unit is not None:
+            compiled.update({(f.source(), arch): unit for f in funcs})
+    return compiled
+
+
+def _built_together(funcs: list[LoweredFunc], arch: str) -> dict[str, KernelResources] | None:
+    """ptxas' resources of the kernels of every one of ``funcs``, built as one CUDA source
+    (one device module, as TVM builds a whole module); None when that does not build."""
+    if len(funcs) < 2:
+        return None
+    try:
+        device = IRModule({gv: f for func in funcs for gv, f in func.device.functions.items()})
+        source = tvm.get_global_func("target.build.cuda")(device, funcs[0].target) \
+            .inspect_source()
+        return ptxas_resources(source, arch)
+    except (BuildError, RuntimeError):  # TVM's errors are RuntimeErrors
+        return None
 
 
 def _built(source: str, arch: str) -> dict[str, KernelResources] | str:
