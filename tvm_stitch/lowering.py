@@ -9,6 +9,7 @@ runner, the traffic analysis and the CUDA compile checks all read this one struc
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
@@ -204,13 +205,37 @@ class _Capture:
             self.module = mod
 
 
+LOWERED_KEPT = 256
+"""Lowered PrimFuncs kept (``lower``): the analysis, the SIMT runner and the resource check
+each lower the same functions of a compiled module, once per size they run it at."""
+
+_lowered: OrderedDict[tuple[int, str, str, bool], tuple[tirx.PrimFunc, LoweredFunc]] = \
+    OrderedDict()
+
+
 def lower(func: tirx.PrimFunc, name: str, target: Target, vectorize: bool = True
           ) -> LoweredFunc:
     """Run TVM's TIR pipeline on ``func`` for ``target`` and split it into host and kernels.
 
     ``vectorize=False`` turns vectorised loops into per-lane loops inside each thread (same
-    launch geometry, same indices), as TVM's ``tirx.disable_vectorize`` option does.
+    launch geometry, same indices), as TVM's ``tirx.disable_vectorize`` option does. The
+    result depends on nothing else (the pipeline runs in a PassContext of its own), so the
+    last ``LOWERED_KEPT`` are kept by the identity of ``func``; treat it as read-only.
     """
+    key = (hash(func), name, str(target), vectorize)  # a TVM object hashes by its handle
+    kept = _lowered.get(key)
+    if kept is not None and kept[0].same_as(func):
+        _lowered.move_to_end(key)
+        return kept[1]
+    lowered = _lowered_anew(func, name, target, vectorize)
+    _lowered[key] = (func, lowered)  # holding func keeps its handle from being reused
+    if len(_lowered) > LOWERED_KEPT:
+        _lowered.popitem(last=False)
+    return lowered
+
+
+def _lowered_anew(func: tirx.PrimFunc, name: str, target: Target, vectorize: bool
+                  ) -> LoweredFunc:
     capture = tvm.instrument.pass_instrument(_Capture)()
     mod = IRModule({name: func.with_attr("global_symbol", name)})
     mod = tirx.transform.BindTarget(target.with_host("llvm"))(mod)

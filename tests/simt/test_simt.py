@@ -5,14 +5,17 @@ import re
 
 import numpy as np
 import pytest
+import tvm
+import tvm_ffi
 from shared_kernels import scale_then_mirror
 from tvm.script import ir as I
 from tvm.script import relax as R
 from tvm.script import tirx as T
 
 from tvm_stitch import pipeline
-from tvm_stitch.lowering import LoweringError
+from tvm_stitch.lowering import LoweringError, lower
 from tvm_stitch.simt import SimtFunction, SimtModule
+from tvm_stitch.target import cuda_target
 
 
 @T.prim_func(s_tir=True)
@@ -231,3 +234,18 @@ def test_call_tir_with_several_outputs() -> None:
     x = np.random.default_rng(3).standard_normal(64, dtype=np.float32)
     (out,) = SimtModule(scheduled)(x)
     np.testing.assert_allclose(out, (x + 1) * (x - 1), rtol=1e-6)
+
+
+def test_a_primfunc_is_lowered_once_per_target_and_option() -> None:
+    """The analysis, the SIMT runner and the resource check of one compiled module, at each
+    size it runs at, share one lowering of each PrimFunc per target and vectorize option; a
+    PrimFunc equal to it but another object is lowered anew."""
+    func = scale_then_mirror
+    first = lower(func, "f", cuda_target("sm_90"))
+    assert lower(func, "f", cuda_target("sm_90")) is first
+    assert lower(func, "f", cuda_target("sm_80")) is not first
+    assert lower(func, "f", cuda_target("sm_90"), vectorize=False) is not first
+    assert lower(func, "g", cuda_target("sm_90")) is not first
+    copy = tvm.ir.load_json(tvm.ir.save_json(func))
+    assert tvm_ffi.structural_equal(copy, func)
+    assert lower(copy, "f", cuda_target("sm_90")) is not first
