@@ -42,7 +42,12 @@ def test_stitching_needs_no_more_kernels_or_bytes_than_tvm(name: str) -> None:
         f"stitch {kernels} kernels / {global_bytes} B, baseline {base_kernels} / {base_bytes}")
 
 
-@pytest.mark.parametrize("name", MODELS)
+DEPTH_SLOW = ("roberta_block", "t5_block", "llama_block_fp16")
+"""Layers built like others' (BERT's, GPT-2's float16 one): their depths run with --runslow."""
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in DEPTH_SLOW
+                                  else n for n in MODELS])
 def test_every_layer_adds_the_same_kernels_and_schedules(name: str) -> None:
     """From the second layer on: with one layer, what the layers share (the attention mask,
     DIEN's behaviour mask) has one consumer and fuses into it; with more, it is computed once
