@@ -159,7 +159,7 @@ def test_tvms_own_upper_bound_attribute_is_read_too() -> None:
     assert declared_bounds(main.attrs) == {"length": 256}
 
 
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("seed", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_a_random_candidate_of_a_bounded_group_serves_every_length(seed: int) -> None:
     """The candidate space offers the bounded group's threads and staging like any other;
     each candidate keeps its re-reading body past the bound."""

@@ -30,8 +30,9 @@ SIZES = {
     "llama_block": [{"batch": 1, "seq": 1}, {"batch": 2, "seq": 13}, {"batch": 2, "seq": 32}],
     "mlp_backward": [{"batch": 1, "seq": 1}, {"batch": 2, "seq": 13}, {"batch": 2, "seq": 32}],
 }
-DEFAULT = ("bert_layer", "gpt2_block", "mlp_backward")
-"""Run by default; the others are slow."""
+DEFAULT = ("bert_layer", "mlp_backward")
+"""Run by default; the others are slow (GPT-2 serves sizes within and beyond a declared bound
+by default, ``test_a_declared_sequence_bound_serves_sizes_within_and_beyond_it``)."""
 
 
 @functools.cache
