@@ -234,6 +234,27 @@ def column_mean_center(n: int = 16, d: int = 64):
     return model, {"x": _f32(n, d)}
 
 
+def softmax_of_transposed_log_softmax(n: int = 64, d: int = 64):
+    """A softmax over the first axis of a log-softmax over the last: the softmax reads the
+    log-softmax's results across its rows (fuzz graph 12011:136)."""
+    nodes = [helper.make_node("LogSoftmax", ["x"], ["log"], axis=1),
+             helper.make_node("Softmax", ["log"], ["out"], axis=0)]
+    return _model(nodes, [_vi("x", (n, d))], [_vi("out", (n, d))]), {"x": _f32(n, d)}
+
+
+def row_min_read_by_columns(n: int = 64, d: int = 64):
+    """where(min(x, axis=-1) > 0, x + c, c) of (n, n): the row minima (n,) broadcast along
+    the last axis, so that element (i, j) reads the minimum of row j (fuzz graph 12011:136)."""
+    inits = [_const("axes", np.array([-1], "int64")), _const("zero", np.array(0.0, "float32")),
+             _const("c", np.linspace(-1.0, 1.0, d, dtype="float32"))]
+    nodes = [helper.make_node("ReduceMin", ["x", "axes"], ["m"], keepdims=0),
+             helper.make_node("Greater", ["m", "zero"], ["g"]),
+             helper.make_node("Add", ["x", "c"], ["a"]),
+             helper.make_node("Where", ["g", "a", "c"], ["out"])]
+    model = _model(nodes, [_vi("x", (n, d))], [_vi("out", (n, d))], inits)
+    return model, {"x": _f32(n, d)}
+
+
 def middle_axis_sum(a: int = 4, b: int = 8, c: int = 16):
     """A sum over the middle axis of (a, b, c) followed by an exp: neither a row nor a column
     reduction (the stitch flow reduces rows of a transposed view)."""
@@ -349,6 +370,8 @@ PATTERNS = {
     "layer_norm_beside_gather": layer_norm_beside_gather,
     "gathered_mask": gathered_mask,
     "column_mean_center": column_mean_center,
+    "softmax_of_transposed_log_softmax": softmax_of_transposed_log_softmax,
+    "row_min_read_by_columns": row_min_read_by_columns,
     "middle_axis_sum": middle_axis_sum,
     "adam_update": adam_update,
     "rotary_grouped_heads": rotary_grouped_heads,

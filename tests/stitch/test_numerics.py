@@ -33,6 +33,8 @@ CASES = {
     "layer_norm_beside_gather": (16, 64),
     "gathered_mask": (2, 32),
     "column_mean_center": (16, 64),
+    "softmax_of_transposed_log_softmax": (64, 64),
+    "row_min_read_by_columns": (64, 64),
     "adam_update": (16, 64),
     "rotary_grouped_heads": (8, 4, 2, 16),
     "qkv_split": (16, 2, 16),

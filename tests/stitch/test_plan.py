@@ -135,6 +135,38 @@ def test_a_group_moving_more_than_tvm_is_cut_where_a_result_is_broadcast() -> No
     assert not check_resources(scheduled).violations
 
 
+def test_clusters_an_edge_connects_are_not_stitched_remotely() -> None:
+    # the softmax reads the log-softmax's results across its rows, so merging along that
+    # edge is refused; remote stitching merged the two anyway, the group could not be
+    # scheduled and fell back whole: 4 kernels (TVM's and the transposes of the softmax over
+    # the first axis) where TVM's flow runs 2
+    model, _ = patterns.softmax_of_transposed_log_softmax(64, 64)
+    scheduled, plan = lower_stitch(model)
+    assert [g.ops for g in plan.groups] == [
+        ("lv:log_softmax",),
+        ("softmax_view:transpose", "softmax_rows:softmax", "softmax_back:transpose")]
+    assert not plan.fallbacks and not plan.refusals
+    stitched, baseline = analyze(scheduled), analyze(lower_baseline(model))
+    assert (len(stitched.kernels), len(baseline.kernels)) == (2, 2)
+    assert stitched.global_bytes < baseline.global_bytes
+
+
+def test_a_group_that_cannot_be_scheduled_is_cut_where_a_result_is_broadcast() -> None:
+    # element (i, j) of the where reads the minimum of row j: one kernel over rows of x
+    # cannot compute it, and the whole group fell back to TVM's two kernels; cut where the
+    # minima are broadcast, each piece is stitched
+    model, _ = patterns.row_min_read_by_columns(64, 64)
+    scheduled, plan = lower_stitch(model)
+    assert [g.ops for g in plan.groups] == [("lv:min", "lv1:greater"), ("lv2:add", "gv:where")]
+    assert not plan.fallbacks
+    (refusal,) = plan.refusals
+    assert refusal.reason.startswith("stitched apart where a result is broadcast: block "
+                                     "T_where reads T_greater_intermediate from other rows")
+    stitched, baseline = analyze(scheduled), analyze(lower_baseline(model))
+    assert (len(stitched.kernels), len(baseline.kernels)) == (2, 2)
+    assert stitched.global_bytes < baseline.global_bytes
+
+
 def test_a_flat_kernel_computed_lane_by_lane_takes_one_element_per_thread() -> None:
     # the Where of booleans takes no vectors: four consecutive elements per thread, lane by
     # lane, left each warp access strided (2.7 MB of L2 sectors where TVM's kernel takes 1.9)

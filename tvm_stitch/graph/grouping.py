@@ -488,7 +488,10 @@ def _merge_remote(graph: DataflowGraph, quotient: _Quotient, clusters: dict[int,
                   apart: frozenset[str]) -> list[Refusal]:
     """Remote stitching: merge unconnected clusters of one row space when no cycle forms
     (an element-wise cluster fits any row space its outputs split into), but none with an
-    op in ``apart``. Returns the merges refused for a cycle, one per cluster."""
+    op in ``apart``. Clusters an edge connects are left apart: ``_merge_along_edges``
+    refused that edge (a transpose read across the rows of what it reads, a cut; fuzz graph
+    12011:136 merged a log-softmax with the softmax of its transpose, which then fell back
+    whole). Returns the merges refused for a cycle, one per cluster."""
 
     def joined(c: _Cluster) -> int:
         return c.joined | (c.members if c.rows is None and c.whole is None else 0)
@@ -500,8 +503,9 @@ def _merge_remote(graph: DataflowGraph, quotient: _Quotient, clusters: dict[int,
     refusals: dict[int, Refusal] = {}
     for i, a in enumerate(keys):
         for b in keys[i + 1:]:
-            if a not in clusters or b not in clusters:
-                continue
+            if a not in clusters or b not in clusters or b in quotient.successors(a) \
+                    or a in quotient.successors(b):
+                continue  # connected: merging along the edges between them was refused
             parts = (clusters[a].parts or (clusters[a].members,)) + (
                 clusters[b].parts or (clusters[b].members,))
             both = joined(clusters[a]) | joined(clusters[b])

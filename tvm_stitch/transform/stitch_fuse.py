@@ -40,6 +40,7 @@ from ..schedule.rule import contraction_rules, is_scheduled, pads_matmul, schedu
 from ..symbolic import declared_bounds, with_bounds, yardstick_sizes
 from .corrected_layer_norm import plain_layer_norms
 from .outline import outline
+from .rewrite import without_aliases
 from .unwrap_indices import unwrap_indices
 from .yardstick import Yardstick
 
@@ -78,6 +79,7 @@ def stitch(mod: IRModule, target: Target | None = None) -> tuple[IRModule, Stitc
     """
     if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
         return _tvm_fusion(mod), StitchPlan(notes=("no main function: TVM's fusion only",))
+    mod = without_aliases(mod)
     try:
         with remembering():
             fused, groups, draft, failed, notes = _stitch_rounds(mod, target)
@@ -105,9 +107,11 @@ def _stitch_rounds(mod: IRModule, target: Target | None
     """Group, fuse and decide until every group can be stitched: a group that cannot sends
     its ops back to TVM with the reason, and the others are grouped again without them. A
     group that remote stitching gave element-wise parts (``OpGroup.joined``) is grouped
-    again without them first, the merge refused with the reason; one that moves more bytes
-    than TVM's kernels of its ops or is slower is grouped again in pieces where a result is
-    broadcast (``_broadcast_cut``) before it falls back."""
+    again without them first, the merge refused with the reason; one that would fall back
+    whole (it cannot be scheduled, or it moves more bytes than TVM's kernels of its ops or is
+    slower) is grouped again in pieces where a result is broadcast (``_broadcast_cut``)
+    before it falls back. Stitched groups that need more kernels than TVM's fusion runs
+    their ops in (``Yardstick.extra_kernels``) fall back."""
     excluded: dict[str, str] = {}
     failed: list[Fallback] = []
     apart: frozenset[str] = frozenset()
@@ -120,12 +124,14 @@ def _stitch_rounds(mod: IRModule, target: Target | None
                            absorb=None if target is None else limits, apart=apart, cuts=cuts)
         fused, names = _fuse_groups(mod, draft)
         groups, failures = _decide_all(fused, draft, names, target, yardstick)
-        for og, ops, reason, costly in failures:
+        for og, ops, reason in failures:
             if og.joined:
                 apart |= {og.graph.nodes[i].name for i in og.joined}
                 parted.append(_parts_refusal(og, list(og.parts), f"remote stitching: {reason}"))
                 continue
-            cut = _broadcast_cut(og, cuts, yardstick) if costly else frozenset()
+            # a group that would fall back whole may stitch in pieces
+            cut = _broadcast_cut(og, cuts, yardstick) if len(ops) == len(og.members) \
+                else frozenset()
             if cut:  # its pieces are grouped again apart, each stitched or falling back
                 cuts |= cut
                 apart |= {n.name for n in og.nodes}
@@ -139,7 +145,14 @@ def _stitch_rounds(mod: IRModule, target: Target | None
         limits = Limits(
             limits.read_only | {e.op for e, _ in refused if e.writes_through},
             limits.alone | {e.op for e, _ in refused if not e.writes_through})
-        if not failures and not refused:
+        extra = [] if failures or refused or yardstick is None else yardstick.extra_kernels(
+            [frozenset(n.var for n in og.nodes) for og, _ in draft.groups])
+        for indices, reason in extra:
+            for i in indices:
+                ops = draft.groups[i][1].ops
+                excluded.update({op.partition(":")[0]: reason for op in ops})
+                failed.append(Fallback(ops, reason))
+        if not failures and not refused and not extra:
             draft.refusals.extend(parted + unscheduled)
             return fused, groups, draft, failed, ()
     draft = Draft(draft.graphs, compute=draft.compute, refusals=draft.refusals)
@@ -234,15 +247,15 @@ def _schedule_operands(fused: IRModule, draft: Draft, names: dict[int | str, str
 def _decide_all(fused: IRModule, draft: Draft, names: dict[int | str, str],
                 target: Target | None,
                 yardstick: Yardstick | None
-                ) -> tuple[list[Group], list[tuple[OpGroup, tuple[str, ...], str, bool]]]:
+                ) -> tuple[list[Group], list[tuple[OpGroup, tuple[str, ...], str]]]:
     """Decide every group of ``draft``: the stitched groups, and the failures (the group,
-    the ops that fall back, why, and whether the yardstick refused a kernel that builds)."""
+    the ops that fall back, and why)."""
     groups, failures = [], []
     for og, entry in draft.groups:
         name = names[entry.id]
         func = fused[fused.get_global_var(name)]
         if not isinstance(func, tirx.PrimFunc):
-            failures.append((og, entry.ops, "FuseTIR did not make one PrimFunc", False))
+            failures.append((og, entry.ops, "FuseTIR did not make one PrimFunc"))
             continue
         task = Task(func, replace(entry, function=name), og.rows, target)
         try:
@@ -265,9 +278,9 @@ def _decide_all(fused: IRModule, draft: Draft, names: dict[int | str, str],
                     groups.append(decided.group)
                     break
             else:
-                failures.append((og, entry.ops, worse, True))
+                failures.append((og, entry.ops, worse))
         except Unstitchable as err:
-            failures.append((og, _given_back(og, entry.ops, yardstick), str(err), False))
+            failures.append((og, _given_back(og, entry.ops, yardstick), str(err)))
     return groups, failures
 
 

@@ -90,6 +90,35 @@ class Yardstick:
                 f"TVM's fusion of the same ops at {sum(times):.1f} us in {len(covering)} "
                 "kernel(s)")
 
+    def extra_kernels(self, groups: list[frozenset[relax.Var]]) -> list[tuple[list[int], str]]:
+        """The stitched groups (the ops of each, one kernel each) that run ops TVM's fusion
+        runs in fewer kernels: over each set of stitched groups and TVM's kernels linked by
+        the ops they share, more stitched groups than TVM's kernels that are not views. The
+        indices in ``groups`` of each such set, and why. A per-group yardstick cannot see
+        this: each group alone shares a kernel of TVM's with ops outside it (an expand
+        grouped apart from the reduction that TVM fuses it with, fuzz graph 10007:230)."""
+        root = list(range(len(groups) + len(self._fusion.groups)))
+
+        def find(i: int) -> int:
+            while root[i] != i:
+                root[i] = root[root[i]]
+                i = root[i]
+            return i
+
+        for j, tvm_group in enumerate(self._fusion.groups, len(groups)):
+            for i, members in enumerate(groups):
+                if members & tvm_group.members:
+                    root[find(i)] = find(j)
+        found: dict[int, tuple[list[int], list[int]]] = {}
+        for i in range(len(groups)):
+            found.setdefault(find(i), ([], []))[0].append(i)
+        for j, tvm_group in enumerate(self._fusion.groups, len(groups)):
+            if find(j) in found and tvm_group.compulsory_bytes != 0:
+                found[find(j)][1].append(j)
+        return [(ours, f"{len(ours)} stitched kernels for ops that TVM's fusion runs in "
+                 f"{len(kernels)}")
+                for ours, kernels in found.values() if kernels and len(ours) > len(kernels)]
+
     def kernels(self, members: frozenset[relax.Var]) -> int | None:
         """How many kernels TVM's fusion runs the ops ``members`` in; None when it fuses
         some of them with other ops."""
