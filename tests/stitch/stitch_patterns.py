@@ -242,17 +242,22 @@ def softmax_of_transposed_log_softmax(n: int = 64, d: int = 64):
     return _model(nodes, [_vi("x", (n, d))], [_vi("out", (n, d))]), {"x": _f32(n, d)}
 
 
-def row_min_read_by_columns(n: int = 64, d: int = 64):
+def row_min_read_by_columns(n: int = 64, d: int = 64, softmax_down: bool = False):
     """where(min(x, axis=-1) > 0, x + c, c) of (n, n): the row minima (n,) broadcast along
-    the last axis, so that element (i, j) reads the minimum of row j (fuzz graph 12011:136)."""
+    the last axis, so that element (i, j) reads the minimum of row j (fuzz graph 12011:136);
+    with ``softmax_down``, also the softmax of x over its first axis (a transposed view whose
+    result is written back across the rows)."""
     inits = [_const("axes", np.array([-1], "int64")), _const("zero", np.array(0.0, "float32")),
              _const("c", np.linspace(-1.0, 1.0, d, dtype="float32"))]
     nodes = [helper.make_node("ReduceMin", ["x", "axes"], ["m"], keepdims=0),
              helper.make_node("Greater", ["m", "zero"], ["g"]),
              helper.make_node("Add", ["x", "c"], ["a"]),
              helper.make_node("Where", ["g", "a", "c"], ["out"])]
-    model = _model(nodes, [_vi("x", (n, d))], [_vi("out", (n, d))], inits)
-    return model, {"x": _f32(n, d)}
+    outputs = [_vi("out", (n, d))]
+    if softmax_down:
+        nodes.append(helper.make_node("Softmax", ["x"], ["down"], axis=0))
+        outputs.append(_vi("down", (n, d)))
+    return _model(nodes, [_vi("x", (n, d))], outputs, inits), {"x": _f32(n, d)}
 
 
 def middle_axis_sum(a: int = 4, b: int = 8, c: int = 16):

@@ -28,6 +28,12 @@ class Unstitchable(Exception):
     reason reported in the plan."""
 
 
+class CrossRowRead(Unstitchable):
+    """A block reads a value its kernel computes, at other rows than its own (a row
+    minimum broadcast along the rows' own axis): no block has that value when it needs it.
+    A kernel boundary between the two is the remedy (``stitch_fuse._broadcast_cut``)."""
+
+
 def error_summary(err: Exception) -> str:
     """The line of a (TVM) error message that says what went wrong, for a plan's reason."""
     lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]

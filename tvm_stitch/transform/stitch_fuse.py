@@ -35,7 +35,7 @@ from ..plan import GROUP_ATTR, ComputeOp, Fallback, Group, Refusal, StitchPlan
 from ..schedule.decisions.choosing import Task, decisions_for
 from ..schedule.decisions.memo import remembering
 from ..schedule.occupancy import device_of
-from ..schedule.rows import Unstitchable, error_summary
+from ..schedule.rows import CrossRowRead, Unstitchable, error_summary
 from ..schedule.rule import contraction_rules, is_scheduled, pads_matmul, schedule_func
 from ..symbolic import declared_bounds, with_bounds, yardstick_sizes
 from .corrected_layer_norm import plain_layer_norms
@@ -279,6 +279,8 @@ def _decide_all(fused: IRModule, draft: Draft, names: dict[int | str, str],
                     break
             else:
                 failures.append((og, entry.ops, worse))
+        except CrossRowRead as err:  # given back whole: first cut where a result is broadcast
+            failures.append((og, entry.ops, str(err)))
         except Unstitchable as err:
             failures.append((og, _given_back(og, entry.ops, yardstick), str(err)))
     return groups, failures

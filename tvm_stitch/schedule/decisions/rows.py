@@ -43,6 +43,7 @@ from ..mapping import (
 from ..occupancy import FULL_UNROLL_STEPS, cached_elements_cap, launch_for_cached, loads_room
 from ..rows import (
     BlockRows,
+    CrossRowRead,
     RowAccess,
     Unstitchable,
     access_rows,
@@ -390,7 +391,7 @@ def check_alignment(sch: s_tir.Schedule, infos: dict[str, BlockRows], rows: int,
                                    "permuted rows")
             if region.source.name in produced \
                     and access_rows(info, region, rows) is not RowAccess.ALIGNED:
-                raise Unstitchable(f"block {info.name} reads {region.source.name} from other "
+                raise CrossRowRead(f"block {info.name} reads {region.source.name} from other "
                                    "rows")
 
 
