@@ -291,6 +291,30 @@ def test_ill_conditioned_float16_graphs_are_judged_against_onnxruntime_and_float
     assert not differential.as_accurate_as_onnxruntime(model, {"x": x}, shifted)
 
 
+def test_a_float16_run_that_rounds_every_result_judges_ill_conditioned_graphs_too() -> None:
+    """Fuzz seed 604489, graph 16 (found by the CI sample): a float16 LayerNorm over the two
+    probabilities of a softmax amplifies their rounding where they are near 1/2; after a
+    tanh, the stitched result is 0.027 from the float32 twin, and so is the twin that rounds
+    every float16 result (as a GPU kernel stores it), which onnxruntime's float16 run is
+    not. That passes; the same outputs shifted by 0.1 do not."""
+    nodes = [helper.make_node("Softmax", ["x"], ["p"], axis=1),
+             helper.make_node("LayerNormalization", ["p", "g", "b"], ["n"], axis=-1),
+             helper.make_node("Add", ["x", "n"], ["s"]),
+             helper.make_node("Tanh", ["s"], ["y"])]
+    model = make_model(nodes, {"x": ([2048, 2], F16)}, {"y": ([2048, 2], F16)},
+                       {"g": np.array([0.5, 1.5], np.float16),
+                        "b": np.array([-0.5, 0.5], np.float16)})
+    x = (np.random.default_rng(0).standard_normal((2048, 2)) * 0.05).astype(np.float16)
+    twin = differential.reference_outputs(model, {"x": x})
+    stepwise = differential._rounded_twin_outputs(model, {"x": x}, np.float16, F16,
+                                                  onnx.TensorProto.FLOAT, stepwise=True)
+    assert not compare(stepwise, twin, half=True).ok  # rounding alone moves it that far
+    outcome = check_model(model, default_flow(), resources=False, feeds={"x": x})
+    assert outcome.kind == "ok", outcome.stages
+    assert not differential.as_accurate_as_onnxruntime(
+        model, {"x": x}, [o + np.float16(0.1) for o in stepwise])
+
+
 def test_compare_treats_non_finite_values_exactly() -> None:
     inf, nan = np.inf, np.nan
     same = np.array([1.0, inf, -inf, nan], np.float32)
