@@ -27,6 +27,7 @@ def _where_after_softmax(shape: list[int], axis: int) -> list:
             helper.make_node("Where", ["m", "s", "two"], ["y"])]
 
 
+@pytest.mark.usefixtures("global_at_any_cost")
 @pytest.mark.parametrize(("shape", "nodes"), [
     ([528, 1024], [helper.make_node("GreaterOrEqual", ["x", "zero"], ["m"]),
                    helper.make_node("Where", ["m", "x", "two"], ["y"])]),  # flat, 8 lanes

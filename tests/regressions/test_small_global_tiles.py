@@ -3,17 +3,26 @@ fills the wave.
 
 Fuzz graphs 4242:46, :151, :185 (large 0.05): a column softmax over (257, 5) fell back with
 "257 rows do not split into about one wave of 32 tiles (at most 1)". Row tiles must divide
-the rows, and 257 is prime. On 1285 elements one tile is no loss (and one kernel replaces
-TVM's several); on a large tensor the refusal stands (schedule/decisions/tiles.py,
-``SMALL_GLOBAL_ELEMENTS``), where there are more rows than columns: a column softmax of no
-more rows than columns is strided rows of a transposed view (``MixedReduction``)."""
+the rows, and 257 is prime. On 1285 elements one tile is no loss; on a large tensor the
+refusal stands (schedule/decisions/tiles.py, ``SMALL_GLOBAL_ELEMENTS``), where there are more
+rows than columns: a column softmax of no more rows than columns is strided rows of a
+transposed view (``MixedReduction``).
+
+Where TVM runs the same ops in one kernel, such a Global kernel saves no launch, and its
+partial sums make it move more: it falls back unless it is estimated faster
+(``stitch_fuse._worse``; fuzz graphs 12011:131, :386, :456). Beside an op TVM runs apart (a
+sum over each row of the softmax), it is one kernel for TVM's two. Owners:
+schedule/decisions/tiles.py, transform/stitch_fuse.py."""
 
 from __future__ import annotations
 
+import numpy as np
+import pytest
 from onnx import helper
 from regression_models import model
 
 from tvm_stitch import verify
+from tvm_stitch.analysis import analyze
 from tvm_stitch.plan import MappingKind, StitchPlan
 from tvm_stitch.testing.differential import check_model
 
@@ -23,14 +32,43 @@ def _column_softmax(shape: list[int]):
                  {"y": shape})
 
 
-def test_a_small_column_softmax_over_prime_rows_stitches() -> None:
-    built = _column_softmax([257, 5])
-    plan = StitchPlan.of_module(verify.compile_model(built, "stitch"))
+def _column_softmax_and_row_sums(shape: list[int]):
+    nodes = [helper.make_node("Softmax", ["x"], ["y"], axis=0),
+             helper.make_node("ReduceSum", ["y", "axes"], ["s"], keepdims=0)]
+    return model(nodes, {"x": shape}, {"y": shape, "s": shape[:1]},
+                 {"axes": np.array([1], np.int64)})
+
+
+def _stitched_and_checked(built) -> None:
+    scheduled = verify.compile_model(built, "stitch")
+    plan = StitchPlan.of_module(scheduled)
     assert not plan.fallbacks, plan
     (group,) = plan.groups
     assert group.phases, group
+    assert len(analyze(scheduled).kernels) == 1
     outcome = check_model(built, "stitch")
     assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+
+
+def test_a_small_column_softmax_over_prime_rows_stitches_beside_a_row_sum() -> None:
+    _stitched_and_checked(_column_softmax_and_row_sums([257, 5]))
+
+
+@pytest.mark.usefixtures("global_at_any_cost")
+def test_a_small_column_softmax_over_prime_rows_stitches_alone_at_any_cost() -> None:
+    _stitched_and_checked(_column_softmax([257, 5]))
+
+
+def test_a_small_global_kernel_slower_than_tvms_one_kernel_falls_back() -> None:
+    scheduled = verify.compile_model(_column_softmax([257, 5]), "stitch")
+    plan = StitchPlan.of_module(scheduled)
+    (fallback,) = plan.fallbacks
+    assert not plan.groups
+    assert fallback.reason == (
+        "the stitched kernel moves 77140 B of global memory, TVM's fusion of the same ops "
+        "20560 B in 1 kernel(s), partial sums included; the stitched kernel is estimated at "
+        "6.6 us on the H200, TVM's fusion of the same ops at 3.6 us in 1 kernel(s)")
+    assert len(analyze(scheduled).kernels) == 1
 
 
 def test_a_large_column_softmax_over_prime_rows_still_falls_back() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import stitch_patterns as patterns
 from stitch_helpers import assert_matches, lower_baseline, lower_stitch, reference, run_simt
 
@@ -243,6 +244,7 @@ def test_middle_axis_sum_reduces_rows_of_a_transposed_view() -> None:
     assert not plan.fallbacks
 
 
+@pytest.mark.usefixtures("global_at_any_cost")
 def test_column_reduction_read_back_by_rows_is_one_global_group() -> None:
     plan = _plan("column_mean_center", 16, 64)
     (group,) = plan.groups

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 from stitch_helpers import assert_matches, lower_stitch, reference, run_simt
 
@@ -100,6 +101,7 @@ def test_input_re_read_from_global_memory_guards_only_its_last_step() -> None:
     assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
 
 
+@pytest.mark.usefixtures("global_at_any_cost")
 def test_column_softmax_takes_more_row_tiles_than_the_cap_allows_rows() -> None:
     # fuzz case g125: a softmax down the 31 rows of each column re-reads the column in three
     # phases; one tile of 31 rows would keep 31 elements per thread, over 48 / 2 registers

@@ -32,6 +32,7 @@ from ..graph.ops import OPAQUE
 from ..graph.planner import Draft, draft_plan
 from ..graph.tvm_fusion import tvm_fusion_groups
 from ..plan import GROUP_ATTR, ComputeOp, Fallback, Group, Refusal, StitchPlan
+from ..schedule.decisions import Decided
 from ..schedule.decisions.choosing import Task, decisions_for
 from ..schedule.decisions.memo import remembering
 from ..schedule.occupancy import device_of
@@ -260,20 +261,7 @@ def _decide_all(fused: IRModule, draft: Draft, names: dict[int | str, str],
         task = Task(func, replace(entry, function=name), og.rows, target)
         try:
             for decided in decisions_for(task):
-                # a Global group's partial sums make a round trip through global memory by
-                # design, bought for parallelism where TVM's kernel leaves most of the GPU idle
-                sizes = yardstick_sizes(func) or None  # symbolic shapes: counted at these
-                moved = None if decided.lowered is None else global_bytes(
-                    decided.lowered,
-                    {p.name for p in func.params} if decided.group.phases else None, sizes)
-                members = frozenset(n.var for n in og.nodes)
-                worse = None if yardstick is None or moved is None else yardstick.excess(
-                    members, moved, sizes)
-                if not worse and og.joined and yardstick is not None \
-                        and decided.lowered is not None:
-                    gpu = device_of(target)
-                    took = estimated_us(decided.lowered, gpu, sizes)
-                    worse = None if took is None else yardstick.slower(members, took, gpu, sizes)
+                worse = _worse(decided, func, og, target, yardstick)
                 if not worse:
                     groups.append(decided.group)
                     break
@@ -284,6 +272,40 @@ def _decide_all(fused: IRModule, draft: Draft, names: dict[int | str, str],
         except Unstitchable as err:
             failures.append((og, _given_back(og, entry.ops, yardstick), str(err)))
     return groups, failures
+
+
+def _worse(decided: Decided, func: tirx.PrimFunc, og: OpGroup, target: Target | None,
+           yardstick: Yardstick | None) -> str | None:
+    """Why the kernel ``decided`` for the group ``og`` (fused into ``func``) is worse than
+    TVM's fusion of its ops (``Yardstick``), or None when it is not or cannot be compared."""
+    if yardstick is None or decided.lowered is None:
+        return None
+    sizes = yardstick_sizes(func) or None  # symbolic shapes: counted at these
+    members = frozenset(n.var for n in og.nodes)
+    phased = bool(decided.group.phases)
+    # a Global group's partial sums make a round trip through global memory by design,
+    # bought for parallelism where TVM's kernel leaves most of the GPU idle
+    moved = global_bytes(decided.lowered, {p.name for p in func.params} if phased else None,
+                         sizes)
+    worse = None if moved is None else yardstick.excess(members, moved, sizes)
+    if worse or not (og.joined or phased):
+        return worse
+    gpu = device_of(target)
+    took = estimated_us(decided.lowered, gpu, sizes)
+    if took is None:
+        return None
+    if og.joined:
+        return yardstick.slower(members, took, gpu, sizes)
+    if yardstick.kernels(members) != 1:
+        return None
+    # where TVM runs the same ops in one kernel, no launch is saved: partial sums that make
+    # it move more must pay for themselves in time (a softmax down the 1000 rows of
+    # (1000, 13) in 125 blocks: 280 KB and 11.6 us where TVM's kernel of 13 blocks moves
+    # 208 KB in an estimated 5.3; fuzz graph 12011:386)
+    total = global_bytes(decided.lowered, None, sizes)
+    more = None if total is None else yardstick.excess(members, total, sizes)
+    slower = None if more is None else yardstick.slower(members, took, gpu, sizes)
+    return None if slower is None else f"{more}, partial sums included; {slower}"
 
 
 def _given_back(og: OpGroup, ops: tuple[str, ...], yardstick: Yardstick | None

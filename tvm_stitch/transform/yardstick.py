@@ -7,7 +7,10 @@ transposed output recomputes its producers at other elements, say, re-reads thei
 TVM writes the value once and reads it back.
 
 A Global group (a persistent grid) is measured by what it reads of its inputs and its outputs
-once: its partial sums make a round trip through global memory by design (``global_bytes``).
+once: its partial sums make a round trip through global memory by design (``global_bytes``),
+bought for parallelism or for the launches it saves. Where TVM runs its ops in one kernel,
+none is saved: moving more with its partial sums, it must also pass ``slower``
+(``stitch_fuse._worse``).
 The check is cheap where it passes easily: TVM's kernels move at least their
 compulsory bytes (inputs once, outputs once), so a stitched kernel within their sum needs
 nothing more. Only above it are TVM's kernels for those ops scheduled (dlight's default
