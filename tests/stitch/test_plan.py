@@ -150,6 +150,7 @@ def test_clusters_an_edge_connects_are_not_stitched_remotely() -> None:
     stitched, baseline = analyze(scheduled), analyze(lower_baseline(model))
     assert (len(stitched.kernels), len(baseline.kernels)) == (2, 2)
     assert stitched.global_bytes < baseline.global_bytes
+    assert not check_resources(scheduled).violations  # nvcc for sm_80 and sm_90
 
 
 def test_a_group_that_cannot_be_scheduled_is_cut_where_a_result_is_broadcast() -> None:
@@ -166,6 +167,7 @@ def test_a_group_that_cannot_be_scheduled_is_cut_where_a_result_is_broadcast() -
     stitched, baseline = analyze(scheduled), analyze(lower_baseline(model))
     assert (len(stitched.kernels), len(baseline.kernels)) == (2, 2)
     assert stitched.global_bytes < baseline.global_bytes
+    assert not check_resources(scheduled).violations  # nvcc for sm_80 and sm_90
 
 
 def test_a_group_reading_across_rows_is_cut_before_its_transposes_are_given_back() -> None:
@@ -181,6 +183,7 @@ def test_a_group_reading_across_rows_is_cut_before_its_transposes_are_given_back
     stitched, baseline = analyze(scheduled), analyze(lower_baseline(model))
     assert (len(stitched.kernels), len(baseline.kernels)) == (3, 3)
     assert stitched.global_bytes < baseline.global_bytes
+    assert not check_resources(scheduled).violations
     assert_matches(run_simt(model, scheduled, inputs), reference(model, inputs))
 
 

@@ -140,7 +140,7 @@ def widened(model: onnx.ModelProto, narrow: int, wide: int,
     return twin
 
 
-def _narrow_types(model: onnx.ModelProto) -> dict[str, int]:
+def _value_types(model: onnx.ModelProto) -> dict[str, int]:
     """The element type of every value of ``model`` (inferred)."""
     inferred = onnx.shape_inference.infer_shapes(model).graph
     types = {v.name: v.type.tensor_type.elem_type
@@ -154,7 +154,7 @@ def _stepwise(model: onnx.ModelProto, graph: onnx.GraphProto, narrow: int, wide:
     ``narrow`` and back: a narrow run that computes each op wide and stores its result
     narrow, as a GPU kernel does, where onnxruntime's CPU provider has no float16 kernel for
     many ops."""
-    types = _narrow_types(model)
+    types = _value_types(model)
     nodes = []
     for i, node in enumerate(graph.node):
         nodes.append(node)
@@ -172,7 +172,7 @@ def _rounded_before_casts(model: onnx.ModelProto, graph: onnx.GraphProto, narrow
     """Where ``model`` casts a ``narrow`` value to another type, make the twin's ``graph``
     round that value to ``narrow`` first: the original's value is rounded there, and a float16
     LayerNorm output cast to float32 was 1.7e-3 from a twin that never rounded it."""
-    types = _narrow_types(model)
+    types = _value_types(model)
     nodes = []
     for i, node in enumerate(graph.node):
         to = next((a.i for a in node.attribute if a.name == "to"), None)
