@@ -6,7 +6,8 @@ after ``ptxas``, so the launch configuration is fixed in three steps:
 
 1. *assume* every thread uses at most ``ASSUMED_REGISTERS`` registers;
 2. derive the blocks per SM that threads, shared memory and that register count allow
-   (``blocks_per_sm``), and so the blocks of one wave (SMs x blocks per SM);
+   (``blocks_per_sm``), and so the blocks of one wave (SMs x blocks per SM), but no more
+   than the grid puts on one SM (``launch_for_grid``);
 3. *relax* the register cap to the most registers that still keep that many blocks per SM
    (``max_registers``), and *apply* it as ``__launch_bounds__(threads, blocks per SM)``:
    ptxas then keeps every thread within the cap, so the planned wave is resident for real.
@@ -202,11 +203,14 @@ def launch_for_cached(gpu: GPU, launch: Launch, elements: int) -> Launch:
 def launch_for_grid(gpu: GPU, launch: Launch, grid: int) -> Launch:
     """``launch`` with no more blocks per SM than a grid of ``grid`` blocks spread over the
     SMs puts on one, ``ceil(grid / SMs)``, and so a higher register cap: a launch bound of
-    more blocks takes registers from threads that never share their SM with that many. For
-    rows split over several blocks, every block resident at once (a LayerNorm over one row
-    split over 512 blocks, 5 blocks per SM allowed by its shared memory, spilled 20 B at 48
-    registers on sm_90; 4 per SM hold all 512 on 132 SMs). Not for other groups, whose
-    estimates and register budgets are planned at the occupancy they may reach."""
+    more blocks takes registers from threads that never share their SM with that many, and
+    only ptxas' spills come of it. A LayerNorm over one row split over 512 blocks, 5 blocks
+    per SM allowed by its shared memory, spilled 20 B at 48 registers on sm_90 (4 per SM
+    hold all 512 on 132 SMs); a float16 LayerNorm of eight lanes beside ``1 / (|x| + 0.5)``
+    on 8 rows, 8 blocks of 256 threads bound to 5 per SM, spilled 16 B at 48 on sm_80
+    (fuzz graph 12014:310). The kernel's own registers still decide how many blocks share
+    an SM where a grid is larger: the bound only caps them. Unchanged for a grid of 0 (not
+    known yet, or computed at run time)."""
     resident = -(-grid // gpu.sms)
     if grid <= 0 or resident >= launch.blocks_per_sm:
         return launch
@@ -242,15 +246,17 @@ def kernel_shared_bytes(kernel: tirx.PrimFunc) -> int:
 
 def launch_config(gpu: GPU, threads: int, shared_bytes: int, grid: int = 0,
                   assumed_registers: int = ASSUMED_REGISTERS) -> Launch:
-    """Assume ``assumed_registers`` per thread, derive blocks per SM, relax the register cap
-    to what keeps them (a grid of ``grid`` blocks); raises ValueError when such a block
+    """Assume ``assumed_registers`` per thread, derive blocks per SM, at most as many as a
+    grid of ``grid`` blocks puts on one SM (``launch_for_grid``; 0: a grid not known yet),
+    and relax the register cap to what keeps them; raises ValueError when such a block
     cannot launch at all."""
     blocks = blocks_per_sm(gpu, threads, assumed_registers, shared_bytes)
     if blocks == 0:
         raise ValueError(f"a block of {threads} threads with {shared_bytes} B of shared memory "
                          f"cannot launch on {gpu.name}")
-    return Launch(gpu.name, threads, shared_bytes, blocks, max_registers(gpu, threads, blocks),
-                  gpu.sms, grid)
+    launch = Launch(gpu.name, threads, shared_bytes, blocks,
+                    max_registers(gpu, threads, blocks), gpu.sms, grid)
+    return launch_for_grid(gpu, launch, grid)
 
 
 __all__ = ["ASSUMED_REGISTERS", "REGISTERS_PER_CACHED_ELEMENT", "RESERVED_REGISTERS",

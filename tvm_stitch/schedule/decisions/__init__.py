@@ -58,7 +58,7 @@ from ..blocks import (
     split_sinks,
 )
 from ..emit import kernel, rewritten
-from ..occupancy import device_of, kernel_shared_bytes, with_blocks_per_sm
+from ..occupancy import device_of, kernel_shared_bytes, max_registers, with_blocks_per_sm
 from ..phases import column_reductions
 from ..row_permutation import permute_rows
 from ..rows import Unstitchable, error_summary
@@ -447,20 +447,23 @@ def _lower(scheduled: tirx.PrimFunc, group: Group, target: Target) -> LoweredFun
 def _settle_launch(group: Group, lowered: LoweredFunc, gpu: GPU) -> Group:
     """``group`` with its launch configuration recomputed from the shared memory its built
     kernel declares, when that differs from the plan's estimate, at no more blocks per SM
-    than planned where the plan took fewer for registers (``occupancy.launch_for_cached``,
-    ``tiles.tiles_for_cached``); a
-    persistent grid shrinks to the new wave if it must (its phases loop over more tasks per
-    block)."""
+    than keep the register cap every choice of the plan was made under: the elements a
+    thread caches (``occupancy.launch_for_cached``, ``tiles.tiles_for_cached``) and the
+    loads an unrolled loop has in flight (``unrolling.bound_unrolling``). A softmax down
+    (2, 3136, 96) float16 planned 25344 B of shared memory (8 blocks per SM, 64 registers)
+    and unrolled its 25 strided loads whole; its kernel declared 12800 B, and 10 blocks per
+    SM at 48 registers spilled 24 B on sm_90 (fuzz graph 12012:253). A persistent grid
+    shrinks to the new wave if it must (its phases loop over more tasks per block)."""
     launch = group.launch
     declared = max((kernel_shared_bytes(lowered.kernel(k.kernel)) for k in lowered.launches),
                    default=0)
     if launch is None or declared == launch.shared_bytes:
         return group
     settled = launch_of(gpu, launch.threads, declared, launch.grid)
-    for_registers = launch.blocks_per_sm < launch_of(gpu, launch.threads,
-                                                     launch.shared_bytes).blocks_per_sm
-    if for_registers and settled.blocks_per_sm > launch.blocks_per_sm:
-        settled = with_blocks_per_sm(gpu, settled, launch.blocks_per_sm)
+    if settled.max_registers < launch.max_registers:
+        settled = with_blocks_per_sm(gpu, settled, max(
+            b for b in range(launch.blocks_per_sm, settled.blocks_per_sm + 1)
+            if max_registers(gpu, launch.threads, b) >= launch.max_registers))
     if group.cluster > 1:  # clusters are resident one by one: a block per sub-row still
         settled = replace(settled, grid=launch.grid)
     elif group.phases:

@@ -308,7 +308,7 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
         raise Unstitchable(f"symbolic row count: its column phase would sum a wave of "
                            f"{tiles} partial sums per column in place in global memory (not "
                            f"one axis of whole threads of {mapping.threads_per_block})")
-    launch = replace(launch_for_grid(gpu, launch, grid) if split > 1 else launch, grid=grid)
+    launch = replace(launch_for_grid(gpu, launch, grid), grid=grid)
     unrolled = bound_unrolling(sch, func, infos, mapping,
                                on_chip_inputs(sch, func, dec, per_row) - rolled,
                                loads_room(launch, per_row, held_sums),
