@@ -8,10 +8,11 @@ refusal stands (schedule/decisions/tiles.py, ``SMALL_GLOBAL_ELEMENTS``), where t
 rows than columns: a column softmax of no more rows than columns is strided rows of a
 transposed view (``MixedReduction``).
 
-Where TVM runs the same ops in one kernel, such a Global kernel saves no launch, and its
-partial sums make it move more: it falls back unless it is estimated faster
-(``stitch_fuse._worse``; fuzz graphs 12011:131, :386, :456). Beside an op TVM runs apart (a
-sum over each row of the softmax), it is one kernel for TVM's two. Owners:
+Such a Global kernel's partial sums make it move more than TVM's kernels: it falls back
+unless it is estimated faster, the launches it saves included (``stitch_fuse._worse``; fuzz
+graphs 12011:131, :386, :456, where TVM runs the same ops in one kernel, and 12014:338, two
+column log-softmaxes of one input where TVM runs two). Beside an op TVM runs apart (a sum
+over each row of the softmax), it is one kernel for TVM's two. Owners:
 schedule/decisions/tiles.py, transform/stitch_fuse.py."""
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ def _column_softmax_and_row_sums(shape: list[int]):
              helper.make_node("ReduceSum", ["y", "axes"], ["s"], keepdims=0)]
     return model(nodes, {"x": shape}, {"y": shape, "s": shape[:1]},
                  {"axes": np.array([1], np.int64)})
+
+
+def _two_column_log_softmaxes(shape: list[int]):
+    nodes = [helper.make_node("LogSoftmax", ["x"], ["y"], axis=0),
+             helper.make_node("LogSoftmax", ["x"], ["z"], axis=0)]
+    return model(nodes, {"x": shape}, {"y": shape, "z": shape})
 
 
 def _stitched_and_checked(built) -> None:
@@ -81,3 +88,21 @@ def test_a_large_column_softmax_of_few_prime_rows_is_strided_rows() -> None:
     (group,) = plan.groups
     assert not plan.fallbacks and not group.phases, plan
     assert group.mapping.kind is MappingKind.STRIDED_ROWS, group
+
+
+def test_a_global_kernel_slower_than_tvms_two_kernels_falls_back() -> None:
+    # fuzz graph 12014:338 (shrunk): one row of (257, 64) per row tile (a tile of more rows
+    # would keep too many elements in registers), the partial sums of 257 tiles for each
+    # maximum and sum: 1448448 B and 12.3 us, where TVM's two kernels move 526336 B in 7.2
+    scheduled = verify.compile_model(_two_column_log_softmaxes([257, 64]), "stitch")
+    plan = StitchPlan.of_module(scheduled)
+    (fallback,) = plan.fallbacks
+    assert not plan.groups
+    assert "in 2 kernel(s), partial sums included; the stitched kernel is estimated at" \
+        in fallback.reason, fallback.reason
+    assert len(analyze(scheduled).kernels) == 2
+
+
+@pytest.mark.usefixtures("global_at_any_cost")
+def test_two_column_log_softmaxes_stitch_as_one_global_kernel_at_any_cost() -> None:
+    _stitched_and_checked(_two_column_log_softmaxes([257, 64]))

@@ -296,12 +296,12 @@ def _worse(decided: Decided, func: tirx.PrimFunc, og: OpGroup, target: Target | 
         return None
     if og.joined:
         return yardstick.slower(members, took, gpu, sizes)
-    if yardstick.kernels(members) != 1:
-        return None
-    # where TVM runs the same ops in one kernel, no launch is saved: partial sums that make
-    # it move more must pay for themselves in time (a softmax down the 1000 rows of
-    # (1000, 13) in 125 blocks: 280 KB and 11.6 us where TVM's kernel of 13 blocks moves
-    # 208 KB in an estimated 5.3; fuzz graph 12011:386)
+    # partial sums that make it move more than TVM's kernels must pay for themselves in
+    # time, launches saved included: a softmax down the 1000 rows of (1000, 13) in 125
+    # blocks, 280 KB and 11.6 us where TVM's kernel of 13 blocks moves 208 KB in an
+    # estimated 5.3 (fuzz graph 12011:386); two log-softmaxes down the 257 rows of (257, 64)
+    # in 257 row tiles of one row (a tile of more would keep too many elements in
+    # registers), 1.4 MB and 12.3 us, where TVM's two kernels move 526 KB in 7.2 (12014:338)
     total = global_bytes(decided.lowered, None, sizes)
     more = None if total is None else yardstick.excess(members, total, sizes)
     slower = None if more is None else yardstick.slower(members, took, gpu, sizes)
