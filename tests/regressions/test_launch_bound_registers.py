@@ -67,6 +67,7 @@ def test_max_registers_is_the_cap_ptxas_applies(arch: str) -> None:
 
 
 @needs_stitch
+@pytest.mark.usefixtures("global_at_any_cost")
 def test_column_softmax_launch_keeps_the_registers_it_was_planned_for() -> None:
     (group,) = StitchPlan.of_module(verify.compile_model(onnx.load(CASE), "stitch")).groups
     launch = group.launch

@@ -26,6 +26,7 @@ def _mean_then_softmax_over_rows(rows: int, length: int):
                  {"axes": np.array([1], np.int64)})
 
 
+@pytest.mark.usefixtures("global_at_any_cost")  # (7, 255), (256, 512): estimated slower
 @pytest.mark.parametrize("rows,length", [(7, 255), (256, 512), (1000, 96)])
 def test_a_softmax_over_row_means_stitches(rows: int, length: int) -> None:
     built = _mean_then_softmax_over_rows(rows, length)

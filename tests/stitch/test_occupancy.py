@@ -52,8 +52,12 @@ def test_assume_relax_apply() -> None:
     h200 = gpu_of_arch("sm_90")
     # assumed 48 registers: 5 blocks of 256 threads; relaxed: 51 registers would need 1632
     # per warp (granules of 256), which 5 x 8 warps do not fit, so the cap stays 48
-    launch = launch_config(h200, 256, 0, grid=100)
+    launch = launch_config(h200, 256, 0, grid=1000)
     assert (launch.blocks_per_sm, launch.max_registers, launch.wave) == (5, 48, 660)
+    # a grid of 100 blocks puts one on an SM: the bound asks no more, and a thread may take
+    # all the registers it wants
+    launch = launch_config(h200, 256, 0, grid=100)
+    assert (launch.blocks_per_sm, launch.max_registers, launch.wave) == (1, 255, 132)
     # shared memory limits to 4 blocks (228 KB / 46 KB): registers relax to 64 per thread
     launch = launch_config(h200, 256, 45 * 1024)
     assert (launch.blocks_per_sm, launch.max_registers) == (4, 64)

@@ -112,7 +112,9 @@ def test_column_softmax_takes_more_row_tiles_than_the_cap_allows_rows() -> None:
                     helper.make_node("Add", ["y", "e"], ["z"])], [31, 64], ["z"])
     scheduled, plan = lower_stitch(model)
     (group,) = plan.groups
-    assert group.mapping.row_steps <= cached_elements_cap(group.launch) < 31
+    # tiled at the wave's cap of 48 registers (24 elements); the grid of 31 blocks it took
+    # then puts one block on an SM, whose threads may have all 255
+    assert group.mapping.row_steps <= 24 < 31 < cached_elements_cap(group.launch)
     assert any((d.kind, d.before, d.after) == (DemotionKind.FEWER_ROW_TILES, 1, 31)
                for d in group.demotions), group.demotions
     feeds = make_inputs(model, 0)
