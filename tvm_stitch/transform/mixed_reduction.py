@@ -74,13 +74,17 @@ def _permuted(data: relax.Expr, dims: list[int | None], perm: list[int]) -> rela
 
 
 _MATERIALISED = frozenset({
-    "relax.reshape", "relax.permute_dims", "relax.broadcast_to", "relax.expand_dims",
-    "relax.squeeze", "relax.strided_slice", "relax.concat", "relax.matmul", "relax.nn.conv1d",
+    "relax.reshape", "relax.permute_dims", "relax.expand_dims", "relax.squeeze",
+    "relax.strided_slice", "relax.concat", "relax.matmul", "relax.nn.conv1d",
     "relax.nn.conv2d", "relax.nn.conv3d", "relax.nn.softmax", "relax.nn.log_softmax",
     "relax.nn.layer_norm", "relax.nn.rms_norm", "relax.nn.group_norm"})
 """Ops whose result a transposed reduction may read: copies (read through, as a parameter
 is) and ops whose result is written to global memory anyway (a matmul's, a normalisation's:
-TVM fuses no reduction after another)."""
+TVM fuses no reduction after another; nor a slice or a concatenation before one). Not a
+broadcast: TVM fuses it into the reduction, and its result, in the order of the reduction's
+input, does not split into the rows of the transposed view, so it would be a kernel of its
+own (a Min over the middle axis of ``Expand(x, (7, 2, 16))``: 3 kernels where TVM's flow
+takes 2, fuzz graphs 12014:69 and 12016:355)."""
 
 
 def _read_through(lookup: Callable[[relax.Var], relax.Expr | None], data: relax.Expr,
