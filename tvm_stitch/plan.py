@@ -458,7 +458,9 @@ class Group:
     maximum blocks that also sum the exponentials of their row in the same pass (an online
     softmax, ``transform.online_softmax``): the blocks of those sums are gone from the
     kernel, and the row is read once for both. ``unrolled`` bounds how far nvcc unrolls
-    the element loops of blocks that stream many loads.
+    the element loops of blocks that stream many loads, and ``walk_unrolled`` (when not 0)
+    the row walk of a Global group's row tiles: runs of that many rows unrolled, in a loop
+    nvcc must not unroll (``schedule.decisions.unrolling.bound_row_walk``).
     """
 
     id: int
@@ -486,6 +488,7 @@ class Group:
     lane_blocks: tuple[str, ...] = ()
     online: tuple[str, ...] = ()
     unrolled: tuple[Unrolled, ...] = ()
+    walk_unrolled: int = 0
     choices: Choices = field(default_factory=Choices)
     source: ChoiceSource = ChoiceSource.HEURISTIC
     beyond_bound: Group | None = None
@@ -642,6 +645,8 @@ def format_plan(plan: StitchPlan) -> str:
             lines.append(f"  lanes computed one by one, moved in vectors: "
                          f"{', '.join(g.lane_blocks)}")
         lines.extend(f"  unrolled {u}" for u in g.unrolled)
+        if g.walk_unrolled:
+            lines.append(f"  row walk unrolled in runs of {g.walk_unrolled} row(s)")
         if g.source is not ChoiceSource.HEURISTIC:
             lines.append(f"  chosen by the {g.source.value}: {g.choices}")
         if g.launch is not None:

@@ -3,7 +3,8 @@ that keep their loads within the thread's registers (``Group.unrolled``): nvcc i
 load of the steps it unrolls before the first use. Fuzz graph 9005:41, a LayerNorm over all
 of (1, 16, 512, 512) with a scale and a shift as large, split over 512 blocks of 256 threads
 at a cap of 64 registers: its last phase, 8 steps of 4 elements of each, fully unrolled,
-spilled 16 B on sm_90. Owner: schedule/decisions/unrolling.py."""
+spilled 16 B on sm_90. A Global tile's walk over its rows is bounded alike
+(``Group.walk_unrolled``, fuzz graph 12016:477). Owner: schedule/decisions/unrolling.py."""
 
 from __future__ import annotations
 
@@ -131,3 +132,45 @@ def test_a_loop_of_one_step_is_not_bounded() -> None:
     assert all(u.steps * u.lanes < 1024 for g in plan.groups for u in g.unrolled)
     outcome = check_model(built, "stitch")
     assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+
+
+def _column_mean_beside_an_add(rows: int) -> onnx.ModelProto:
+    # fuzz graph 12016:477, shrunk: a column mean of (rows, 4096) and x + 1.5 as outputs
+    nodes = [helper.make_node("ReduceMean", ["x", "axes"], ["m"], keepdims=0),
+             helper.make_node("Add", ["x", "c"], ["y"])]
+    return model(nodes, {"x": [rows, 4096]}, {"m": [4096], "y": [rows, 4096]},
+                 {"axes": np.array([0], np.int64), "c": np.array(1.5, np.float32)})
+
+
+def test_a_tile_walks_its_rows_in_runs_whose_loads_fit_the_registers() -> None:
+    # One Global kernel, 128 tiles of 16 rows on 1024 threads (a cap of 64 registers), each
+    # thread a float4 of the staged row per row and 4 partial sums in registers: the whole
+    # walk, unrolled by ptxas, took 84 registers and spilled 8 B on sm_80 and sm_90. It now
+    # walks runs of 4 rows (16 elements in flight, within the 28 its cap leaves).
+    built = _column_mean_beside_an_add(2048)
+    scheduled = compile_model(built, "stitch")
+    (group,) = StitchPlan.of_module(scheduled).groups
+    assert (group.mapping.row_steps, group.launch.max_registers) == (16, 64), group
+    assert group.walk_unrolled == 4
+    assert "row walk unrolled in runs of 4 row(s)" in str(StitchPlan.of_module(scheduled))
+    source = lower(scheduled[group.function], group.function,
+                   Target({"kind": "cuda", "arch": "sm_90"})).source()
+    walk = source[source.index("#pragma unroll 1"):]
+    assert walk.split("\n")[1].strip().endswith("< 4; ++ax0_1_m_0) {"), walk[:200]
+    outcome = check_model(built, "stitch")
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+
+
+def test_a_walk_within_the_registers_is_not_bounded() -> None:
+    # over 512 rows the row phase takes column tiles, a column per thread: tiles of 16 rows,
+    # one element of each in flight, 16 in all, unrolled whole without a spill
+    scheduled = compile_model(_column_mean_beside_an_add(512), "stitch")
+    (group,) = StitchPlan.of_module(scheduled).groups
+    assert group.mapping.row_steps == 16 and group.phases[0].column_tiles > 1, group
+    assert group.walk_unrolled == 0
+    source = lower(scheduled[group.function], group.function,
+                   Target({"kind": "cuda", "arch": "sm_90"})).source()
+    assert "#pragma unroll 1" not in source
+    for arch in ("sm_80", "sm_90"):
+        (resources,) = ptxas_resources(source, arch).values()
+        assert resources.spill_store_bytes == resources.stack_bytes == 0, (arch, resources)

@@ -92,7 +92,7 @@ from .task_split import (
     split_output_copies,
     split_rows,
 )
-from .unroll_bounds import bound_unrolling
+from .unroll_bounds import NOT_UNROLLED, bound_unrolling
 from .vectors import aligned_vectors, lanes_fit_booleans, spatial_block
 
 
@@ -661,7 +661,7 @@ def _map_global(done: Rewritten, group: Group) -> s_tir.Schedule:
                            [done.partials[c][0] for c in mine],
                            [done.partials[c][1] for c in mine], done.tile_caches[index],
                            done.row_caches[index], phase, done.held, group.scalar_blocks,
-                           done.kept)
+                           done.kept, group.walk_unrolled)
         else:
             _map_column_phase(sch, mapping.threads_per_block, list(phase.combines),
                               [n for n in phase.blocks if n not in phase.combines],
@@ -785,7 +785,8 @@ def _reorder_by_phase(sch: s_tir.Schedule, phase_of: dict[str, int], last: set[s
 def _map_row_phase(sch: s_tir.Schedule, mapping: ThreadMapping, names: set[str],
                    accumulators: list[str], write_outs: list[str], caches: list[SBlockRV],
                    row_caches: list[SBlockRV], phase: Phase, held: dict[str, int],
-                   scalar: tuple[str, ...], kept: frozenset[str] = frozenset()) -> None:
+                   scalar: tuple[str, ...], kept: frozenset[str] = frozenset(),
+                   walk: int = 0) -> None:
     """A row phase: its row blocks (``names``, in (row, element) form) mapped as
     ``_map_rows`` does (the blocks of ``scalar`` without vectors) with one row per
     block at a time, inputs staged once per tile (``caches``) before its rows and once per
@@ -796,7 +797,8 @@ def _map_row_phase(sch: s_tir.Schedule, mapping: ThreadMapping, names: set[str],
     ``phase.combines`` (the combination of a split row's partials) is made at each row,
     in shared memory, a thread per partial. The partial sums of ``held`` (accumulators ->
     the plan's slots per thread) are in registers, each thread on its columns
-    (``_hold_partial_sums``)."""
+    (``_hold_partial_sums``). With ``walk``, a tile walks its rows in unrolled runs of
+    that many rows (``bound_row_walk``)."""
     column_tiles, combines = phase.column_tiles, phase.combines
     if phase.lanes > 1:
         assert len(accumulators) == 1 and not (names or caches or row_caches or held), phase
@@ -858,6 +860,12 @@ def _map_row_phase(sch: s_tir.Schedule, mapping: ThreadMapping, names: set[str],
             _hold_partial_sums(sch, name, block, held[name], mapping)
         else:
             _bind_tile_loops(sch, block, mapping, scalar)
+    if walk:
+        extent = sch.get(step).extent
+        assert isinstance(extent, tirx.IntImm) and int(extent) % walk == 0, (extent, walk)
+        if int(extent) > walk:
+            rolled, _ = sch.split(step, [None, walk])
+            sch.annotate(rolled, NOT_UNROLLED, 1)
 
 
 def _hold_partial_sums(sch: s_tir.Schedule, accumulator: str, write_out: SBlockRV,

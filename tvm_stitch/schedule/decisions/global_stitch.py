@@ -99,7 +99,7 @@ from .tiles import (
     tile_threads,
     tiles_for_cached,
 )
-from .unrolling import bound_unrolling
+from .unrolling import bound_row_walk, bound_unrolling
 
 
 def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: int,
@@ -309,16 +309,20 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
                            f"{tiles} partial sums per column in place in global memory (not "
                            f"one axis of whole threads of {mapping.threads_per_block})")
     launch = replace(launch_for_grid(gpu, launch, grid), grid=grid)
+    room = loads_room(launch, per_row, held_sums)
     unrolled = bound_unrolling(sch, func, infos, mapping,
-                               on_chip_inputs(sch, func, dec, per_row) - rolled,
-                               loads_room(launch, per_row, held_sums),
+                               on_chip_inputs(sch, func, dec, per_row) - rolled, room,
                                frozenset(h.name for h in dec.held), rolled=rolled)
+    walk = bound_row_walk(sch, func, replace(walked, row_steps=mapping.row_steps,
+                                             row_tiles=mapping.row_tiles), rows,
+                          {b.name for b in dec.block_shared} | {h.name for h in dec.held},
+                          room)
     return replace(group, mapping=mapping, inlined=tuple(dec.inlined),
                    buffers=plan_buffers(dec, mapping, reused) + accumulated + partials + staged
                    + sums,
                    shared_bytes=shared, shared_budget=budget,
                    demotions=tuple(dec.demotions), launch=launch, phases=phases,
-                   unrolled=unrolled)
+                   unrolled=unrolled, walk_unrolled=walk)
 
 
 def _column_tiles(sch: s_tir.Schedule, roles: Roles, dec: Decisions, mapping: ThreadMapping,

@@ -88,4 +88,29 @@ def _streams_rows(param: tirx.Buffer, info: BlockRows, rows: int) -> bool:
     return shape_values(param.shape) is None or row_elements(param, rows) >= info.elements
 
 
-__all__ = ["bound_unrolling"]
+def bound_row_walk(sch: s_tir.Schedule, func: tirx.PrimFunc, mapping: ThreadMapping, rows: int,
+                   per_tile: set[str], room: int) -> int:
+    """Rows of a tile's walk (``mapping.row_steps`` rows, one at a time, of a Global row
+    phase) that nvcc may unroll at once, or 0 where it may unroll the whole walk: each row
+    loads its elements of the inputs of ``func`` a thread reads from global memory (all but
+    the ``per_tile`` ones, staged or held once per tile), nvcc issues the loads of every row
+    of an unrolled walk before their first use (across the barriers between rows), and
+    those of the rows it unrolls must fit ``room`` (``occupancy.loads_room``). The most rows
+    that fit and divide the walk, one at least. A column mean of (2048, 4096) beside an
+    element-wise output (fuzz graph 12016:477), 16 rows a tile, a float4 of the staged row
+    per thread and row, 4 partial sums per thread in registers at a cap of 64: the whole walk
+    unrolled took 84 registers where the cap allows 64 (8 B spilled on sm_80 and sm_90);
+    runs of 2 to 8 rows, 63 and none."""
+    if mapping.row_tiles or mapping.row_steps <= 1:
+        return 0  # a run-time walk is a loop nvcc does not unroll
+    written = {p.name for p in written_params(func, sch)}
+    loads = sum(-(-min(row_elements(p, rows), mapping.row_length) // mapping.threads_per_row)
+                for p in buffer_params(func)
+                if p.name not in written and p.name not in per_tile)
+    if unrolled_steps(mapping.row_steps) * loads <= room:
+        return 0
+    fitting = max(1, room // max(loads, 1))
+    return max(d for d in range(1, fitting + 1) if mapping.row_steps % d == 0)
+
+
+__all__ = ["bound_row_walk", "bound_unrolling"]
