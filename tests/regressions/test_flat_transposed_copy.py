@@ -1,11 +1,13 @@
-"""A flat group that copies a transpose into registers for its consumer maps its lanes so
-that the copy's loop has a fixed trip count. Fuzz graph 12017:395: x of (8, 64, 56, 56),
-Transpose to (64, 56, 56, 8), Max with 8 constants, beside erf/abs/add/log of x, in one flat
-kernel of 4 lanes per thread. With the lanes split off the fused index, TVM bounded the
-copy's region from the consumer's indices, divisions of a remainder of that index, and left
-it a loop of ``max(a, b) + 1 - min(a, b)`` steps (one in fact) that the traffic counter
-refused ("trip count of loop ax2 ... does not reduce to a constant"). Owner:
-schedule/emit.py (``_map_flat``)."""
+"""A flat kernel computes the producers it keeps in registers at the thread's vector
+before that index is split over block and thread, so that TVM bounds their regions through
+one variable: every such loop has a fixed trip count. Computed at the thread, the indices
+were divisions of remainders of ``blockIdx.x * n + threadIdx.x``, and TVM did not see that
+two of them were one element. Fuzz graph 12017:395: x of (8, 64, 56, 56), Transpose to
+(64, 56, 56, 8), Max with 8 constants, beside erf/abs/add/log of x, 4 lanes per thread: the
+register copy of the transpose ran a loop of ``max(a, b) + 1 - min(a, b)`` steps (one in
+fact) that the traffic counter refused ("trip count of loop ax2 ... does not reduce to a
+constant"). Fuzz graph 12018:283: ``|x| + 0.5`` of (3, 100) read by a (3, 25, 4) reshape
+and by a power, one lane per thread: the same. Owner: schedule/emit.py (``_map_flat``)."""
 
 from __future__ import annotations
 
@@ -50,9 +52,24 @@ def test_a_transposed_copy_in_a_flat_kernel_has_a_fixed_trip_count() -> None:
     assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
 
 
-def test_contiguous_flat_kernels_keep_the_fused_index() -> None:
-    # without a transposed copy the lanes still split off the fused index: addresses stay
-    # one multiply-add of the block and thread indices
+def test_a_value_read_through_a_reshape_has_a_fixed_trip_count() -> None:
+    nodes = [helper.make_node("Abs", ["x"], ["a"]),
+             helper.make_node("Add", ["a", "half"], ["y"]),
+             helper.make_node("Reshape", ["y", "shape"], ["r"]),
+             helper.make_node("Pow", ["y", "p"], ["z"])]
+    built = model(nodes, {"x": [3, 100]}, {"r": [3, 25, 4], "z": [3, 100]},
+                  {"half": np.array(0.5, np.float32), "p": np.array(1.5, np.float32),
+                   "shape": np.array([3, 25, 4], np.int64)})
+    scheduled = compile_model(built, "stitch")
+    (group,) = StitchPlan.of_module(scheduled).groups
+    assert group.mapping.kind is MappingKind.FLAT, group
+    (kernel,) = analyze(scheduled).kernels
+    assert kernel.traffic.global_bytes == 3 * 300 * 4  # x read, r and z written, once
+    outcome = check_model(built, "stitch", cost=True)
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+
+
+def test_contiguous_flat_kernels_keep_one_multiply_add_per_address() -> None:
     nodes = [helper.make_node("Erf", ["x"], ["e"]), helper.make_node("Abs", ["e"], ["a"])]
     built = model(nodes, {"x": [8, 4, 56, 56]}, {"a": [8, 4, 56, 56]})
     scheduled = compile_model(built, "stitch")

@@ -170,7 +170,8 @@ def _mapped(func: tirx.PrimFunc, group: Group) -> s_tir.Schedule:
         bound_unrolling(sch, _not_lanes(group))
         return sch
     if group.mapping.kind is MappingKind.FLAT:
-        return _map_flat(sch, group.mapping, group.scalar_blocks)
+        _map_flat(sch, group.mapping, group.scalar_blocks)
+        return sch
     mapping = group.mapping
     if mapping.kind is MappingKind.ROW_WALK:
         _map_row_walk(sch, mapping, done.block_caches, group.scalar_blocks)
@@ -310,58 +311,34 @@ def stage_input(sch: s_tir.Schedule, func: tirx.PrimFunc, name: str, scope: str)
 
 
 def _map_flat(sch: s_tir.Schedule, mapping: ThreadMapping, scalar_blocks: tuple[str, ...]
-              ) -> s_tir.Schedule:
-    """``vector`` consecutive elements per thread: every sink's loops fused and split over
-    (blockIdx.x, threadIdx.x, vector lanes), the sinks merged under one thread, the kept
-    producers and register copies computed at it; the lanes vectorised, except in
-    ``scalar_blocks``. Returns the mapped schedule: ``sch``, or a copy of it mapped with
-    the lanes split off each sink's innermost axis before the fusion, where splitting them
-    off the fused index leaves a block computed at the thread a loop whose trip count
-    depends on the thread. TVM bounds a producer's region from its consumer's indices, and
-    where those are divisions of a remainder of the fused index (a transposed copy of
-    (8, 64, 56, 56) read as (64, 56, 56, 8), fuzz graph 12017:395) it does not see that the
-    lanes share every other index: the copy ran a loop of ``max(a, b) + 1 - min(a, b)``
-    steps, one in fact, that the traffic counter cannot count. Off the innermost axis, every
-    lane has the same other indices; it is not the default because the fused index then
-    comes back as a sum of divisions in the sinks' own addresses."""
-    if mapping.vector > 1:
-        trial = sch.copy()
-        _flat_nest(trial, mapping, scalar_blocks, lanes_of_innermost=False)
-        if not _thread_dependent_loops(trial):
-            return trial
-    _flat_nest(sch, mapping, scalar_blocks, lanes_of_innermost=mapping.vector > 1)
-    return sch
-
-
-def _flat_nest(sch: s_tir.Schedule, mapping: ThreadMapping, scalar_blocks: tuple[str, ...],
-               lanes_of_innermost: bool) -> None:
-    """The loops of ``_map_flat``, the lanes split off each sink's innermost axis where
-    ``lanes_of_innermost`` and it is a whole number of vectors, else off the fused index."""
+              ) -> None:
+    """``vector`` consecutive elements per thread: every sink's loops fused and split into
+    the thread's vectors and their lanes, the sinks' vector loops merged, the kept producers
+    and register copies computed at that loop, and only then split over (blockIdx.x,
+    threadIdx.x); the lanes vectorised, except in ``scalar_blocks``. TVM bounds a
+    producer's region from its consumers' indices: as divisions of a remainder of one
+    variable (the vector's index) it simplifies them; computed at the thread, as those of
+    ``blockIdx.x * n + threadIdx.x``, it did not see that two indices were one element, and
+    a transposed copy of (8, 64, 56, 56) read as (64, 56, 56, 8) (fuzz graph 12017:395), or
+    a value read by a (3, 100) and a (3, 25, 4) reshape of it (12018:283), ran a loop of
+    ``max(a, b) + 1 - min(a, b)`` steps, one in fact, that the traffic counter cannot
+    count."""
     sinks, others = split_sinks(sch)
-    heads, threads = [], []
+    heads, lanes = [], mapping.vector > 1
     for block in sinks:
         loops = sch.get_loops(block) or [sch.add_unit_loop(block)]
-        last = sch.get(loops[-1]).extent
-        factors = [None, mapping.rows_per_block]
-        if lanes_of_innermost and len(loops) > 1 and isinstance(last, tirx.IntImm) \
-                and int(last) % mapping.vector == 0:
-            loops[-1], _ = sch.split(loops[-1], [None, mapping.vector])
-        elif mapping.vector > 1:
-            factors.append(mapping.vector)
         fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-        outer, thread, *_ = sch.split(fused, factors)
-        heads.append(outer)
-        threads.append(thread)
-    bx = sch.merge(*heads) if len(heads) > 1 else heads[0]
-    tx = sch.merge(*threads) if len(threads) > 1 else threads[0]
+        heads.append(sch.split(fused, [None, mapping.vector])[0] if lanes else fused)
+    vectors = sch.merge(*heads) if len(heads) > 1 else heads[0]
+    for block in reversed(others):
+        sch.compute_at(block, vectors, preserve_unit_loops=True)
+    bx, tx = sch.split(vectors, [None, mapping.rows_per_block])
     sch.bind(bx, "blockIdx.x")
     sch.bind(tx, "threadIdx.x")
-    for block in reversed(others):
-        sch.compute_at(block, tx, preserve_unit_loops=True)
     shapes = [list(w.source.shape) for b in sinks for w in sch.get(b).writes]
     for block in others:
         _register_per_thread(sch, block, shapes, mapping.vector)
-    if mapping.vector > 1:
+    if lanes:
         for block in sinks:
             if name_of(sch, block) in scalar_blocks:
                 continue
@@ -369,24 +346,6 @@ def _flat_nest(sch: s_tir.Schedule, mapping: ThreadMapping, scalar_blocks: tuple
             sch.vectorize(sch.get_loops(block)[-1])
         for block in others:  # a kept producer or a register copy: the thread's one vector
             _vectorise_own_vector(sch, block, mapping.vector, scalar_blocks)
-
-
-def _thread_dependent_loops(sch: s_tir.Schedule) -> bool:
-    """Whether a serial loop of ``sch`` has a trip count that depends on a thread index."""
-    bound: list[tirx.Var] = []
-    extents: list[tvm.ir.PrimExpr] = []
-
-    def visit(loop: tirx.For) -> None:
-        if loop.kind == tirx.ForKind.THREAD_BINDING:
-            bound.append(loop.loop_var)
-        else:
-            extents.append(loop.extent)
-
-    tvm_ffi.structural_walk(sch.mod["main"].body, [(tirx.For, visit)])
-    used: list[tirx.Var] = []
-    for extent in extents:
-        tvm_ffi.structural_walk(extent, [(tirx.Var, used.append)])
-    return any(u.same_as(b) for u in used for b in bound)
 
 
 def _register_per_thread(sch: s_tir.Schedule, block: SBlockRV,
