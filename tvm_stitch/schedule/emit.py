@@ -804,7 +804,8 @@ def _map_row_phase(sch: s_tir.Schedule, mapping: ThreadMapping, names: set[str],
     that many rows (``bound_row_walk``)."""
     column_tiles, combines = phase.column_tiles, phase.combines
     if phase.lanes > 1:
-        assert len(accumulators) == 1 and not (names or caches or row_caches or held), phase
+        assert len(accumulators) == 1 and not (names or caches or row_caches or held
+                                               or walk), phase
         assert _lanes(sch, accumulators[0], column_tiles, mapping) == phase.lanes, phase
         _map_lanes(sch, mapping, accumulators[0], write_outs[0], column_tiles, scalar)
         return

@@ -313,10 +313,10 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
     unrolled = bound_unrolling(sch, func, infos, mapping,
                                on_chip_inputs(sch, func, dec, per_row) - rolled, room,
                                frozenset(h.name for h in dec.held), rolled=rolled)
-    walk = bound_row_walk(sch, func, replace(walked, row_steps=mapping.row_steps,
-                                             row_tiles=mapping.row_tiles), rows,
-                          {b.name for b in dec.block_shared} | {h.name for h in dec.held},
-                          room)
+    # a phase of lanes splits each tile's walk among its threads (``emit._map_lanes``)
+    walk = 0 if any(p.lanes > 1 for p in phases) else bound_row_walk(
+        sch, func, replace(walked, row_steps=mapping.row_steps, row_tiles=mapping.row_tiles),
+        rows, {b.name for b in dec.block_shared} | {h.name for h in dec.held}, room)
     return replace(group, mapping=mapping, inlined=tuple(dec.inlined),
                    buffers=plan_buffers(dec, mapping, reused) + accumulated + partials + staged
                    + sums,
