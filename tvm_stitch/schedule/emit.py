@@ -92,7 +92,7 @@ from .task_split import (
     split_output_copies,
     split_rows,
 )
-from .unroll_bounds import NOT_UNROLLED, bound_unrolling
+from .unroll_bounds import bound_row_walk, bound_unrolling
 from .vectors import aligned_vectors, lanes_fit_booleans, spatial_block
 
 
@@ -801,7 +801,7 @@ def _map_row_phase(sch: s_tir.Schedule, mapping: ThreadMapping, names: set[str],
     in shared memory, a thread per partial. The partial sums of ``held`` (accumulators ->
     the plan's slots per thread) are in registers, each thread on its columns
     (``_hold_partial_sums``). With ``walk``, a tile walks its rows in unrolled runs of
-    that many rows (``bound_row_walk``)."""
+    that many rows (``unroll_bounds.bound_row_walk``)."""
     column_tiles, combines = phase.column_tiles, phase.combines
     if phase.lanes > 1:
         assert len(accumulators) == 1 and not (names or caches or row_caches or held
@@ -865,11 +865,7 @@ def _map_row_phase(sch: s_tir.Schedule, mapping: ThreadMapping, names: set[str],
         else:
             _bind_tile_loops(sch, block, mapping, scalar)
     if walk:
-        extent = sch.get(step).extent
-        assert isinstance(extent, tirx.IntImm) and int(extent) % walk == 0, (extent, walk)
-        if int(extent) > walk:
-            rolled, _ = sch.split(step, [None, walk])
-            sch.annotate(rolled, NOT_UNROLLED, 1)
+        bound_row_walk(sch, step, walk)
 
 
 def _hold_partial_sums(sch: s_tir.Schedule, accumulator: str, write_out: SBlockRV,

@@ -8,6 +8,7 @@ binds nothing)."""
 from __future__ import annotations
 
 from tvm import s_tir, tirx
+from tvm.s_tir.schedule import LoopRV
 
 from ..plan import Unrolled
 
@@ -37,9 +38,25 @@ def bound_unrolling(sch: s_tir.Schedule, unrolled: tuple[Unrolled, ...]) -> None
         assert run >= 1 and len(longer) <= 1, f"{bound.block}: element loops {longer}, {bound}"
         if not longer:  # no longer than a run (a scalar block walking fewer elements)
             continue
-        rolled, steps = sch.split(longer[0], [None, run])
-        sch.annotate(rolled, NOT_UNROLLED, 1)
-        sch.unroll(steps)
+        sch.unroll(_roll_runs(sch, longer[0], run))
 
 
-__all__ = ["NOT_UNROLLED", "bound_unrolling"]
+def bound_row_walk(sch: s_tir.Schedule, walk: LoopRV, rows: int) -> None:
+    """Split a Global tile's walk over its rows (``walk``) into runs of the plan's ``rows``
+    (``Group.walk_unrolled``) inside a loop nvcc must not unroll; each run is left to nvcc,
+    which unrolls a short static loop whole. Asserts the runs divide the walk."""
+    extent = sch.get(walk).extent
+    assert isinstance(extent, tirx.IntImm) and int(extent) % rows == 0, (extent, rows)
+    if int(extent) > rows:
+        _roll_runs(sch, walk, rows)
+
+
+def _roll_runs(sch: s_tir.Schedule, loop: LoopRV, run: int) -> LoopRV:
+    """Split ``loop`` into runs of ``run`` steps inside a loop marked not to be unrolled;
+    returns the loop of a run's steps."""
+    rolled, steps = sch.split(loop, [None, run])
+    sch.annotate(rolled, NOT_UNROLLED, 1)
+    return steps
+
+
+__all__ = ["NOT_UNROLLED", "bound_row_walk", "bound_unrolling"]
