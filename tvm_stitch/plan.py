@@ -167,7 +167,9 @@ class Choices:
     group's reductions read their inputs a vector at a time (``vector_reads``), whether
     an element-wise group walks its rows (``walk_rows``: a ROW_WALK mapping, else FLAT), and
     whether a row group's maximum and sum of exponentials (a softmax's) are one online
-    reduction (``online_softmax``, ``transform.online_softmax``), and the blocks per
+    reduction (``online_softmax``, ``transform.online_softmax``), whether its sums and sums
+    of squares about their means (a variance's) are one online reduction
+    (``online_variance``, ``transform.online_variance``), and the blocks per
     thread-block cluster of a split row group (``cluster``, 1: none; sm_90).
     ``schedule.decisions`` applies them and raises Unstitchable for an illegal one; the
     candidate space (``tuning.space``) offers only legal ones."""
@@ -184,6 +186,7 @@ class Choices:
     vector_reads: bool | None = None
     walk_rows: bool | None = None
     online_softmax: bool | None = None
+    online_variance: bool | None = None
     cluster: int | None = None
 
     def __str__(self) -> str:
@@ -457,10 +460,12 @@ class Group:
     first body stages and recomputing its Regional intermediates. ``online`` names the
     maximum blocks that also sum the exponentials of their row in the same pass (an online
     softmax, ``transform.online_softmax``): the blocks of those sums are gone from the
-    kernel, and the row is read once for both. ``unrolled`` bounds how far nvcc unrolls
-    the element loops of blocks that stream many loads, and ``walk_unrolled`` (when not 0)
-    the row walk of a Global group's row tiles: runs of that many rows unrolled, in a loop
-    nvcc must not unroll (``schedule.decisions.unrolling.bound_row_walk``).
+    kernel, and the row is read once for both. ``online_variance`` names the sum blocks that
+    also sum the squares about their row's mean in the same pass, and keep the mean and a
+    count (an online variance, ``transform.online_variance``). ``unrolled`` bounds how far
+    nvcc unrolls the element loops of blocks that stream many loads, and ``walk_unrolled``
+    (when not 0) the row walk of a Global group's row tiles: runs of that many rows
+    unrolled, in a loop nvcc must not unroll (``schedule.decisions.unrolling.bound_row_walk``).
     """
 
     id: int
@@ -487,6 +492,7 @@ class Group:
     vector_reads: tuple[str, ...] = ()
     lane_blocks: tuple[str, ...] = ()
     online: tuple[str, ...] = ()
+    online_variance: tuple[str, ...] = ()
     unrolled: tuple[Unrolled, ...] = ()
     walk_unrolled: int = 0
     choices: Choices = field(default_factory=Choices)
@@ -616,6 +622,9 @@ def format_plan(plan: StitchPlan) -> str:
         if g.online:
             lines.append(f"  online softmax: {', '.join(g.online)} also sum the exponentials "
                          "of their row, in the same pass")
+        if g.online_variance:
+            lines.append(f"  online variance: {', '.join(g.online_variance)} also sum the "
+                         "squares about their row's mean, in the same pass")
         if g.inlined:
             lines.append(f"  in registers (inlined): {', '.join(g.inlined)}")
         for b in g.buffers:

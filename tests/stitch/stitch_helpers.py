@@ -18,9 +18,11 @@ from tvm_stitch import pipeline, verify
 from tvm_stitch.analysis import ptxas
 from tvm_stitch.frontend.onnx import import_model
 from tvm_stitch.lowering import lower
-from tvm_stitch.plan import GROUP_ATTR, StitchPlan
+from tvm_stitch.plan import GROUP_ATTR, Choices, StitchPlan
+from tvm_stitch.schedule.decisions.choosing import FixedChoices, choosing
 from tvm_stitch.simt import SimtModule
 from tvm_stitch.target import cuda_target
+from tvm_stitch.tuning.tasks import extract_tasks
 
 RTOL = ATOL = 1e-4
 
@@ -29,6 +31,24 @@ def import_onnx(model: onnx.ModelProto) -> IRModule:
     """The Relax module of ``model``, through our front end (TVM's importer alone gets some
     outputs wrong: ``tvm_stitch.frontend.outputs``)."""
     return import_model(model)
+
+
+def single_task(model: onnx.ModelProto):
+    """The one stitch task (``tuning.tasks``) of ``model`` for sm_90."""
+    (task,) = extract_tasks(import_model(model), "cuda:sm_90")
+    return task
+
+
+def compiled_choosing(model: onnx.ModelProto, choices: Choices | None = None
+                      ) -> tuple[IRModule, StitchPlan]:
+    """``model`` scheduled by the stitch flow for sm_90, with ``choices`` fixed for every
+    group (the rules' where None), and its plan."""
+    if choices is None:
+        scheduled = pipeline.lower(import_model(model), "cuda:sm_90", "stitch")
+    else:
+        with choosing(FixedChoices(choices)):
+            scheduled = pipeline.lower(import_model(model), "cuda:sm_90", "stitch")
+    return scheduled, StitchPlan.of_module(scheduled)
 
 
 def legalized(mod: IRModule) -> IRModule:

@@ -15,38 +15,33 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
-from stitch_helpers import assert_matches, compile_cuda, reference, spills, stitched_functions
+from stitch_helpers import (
+    assert_matches,
+    compile_cuda,
+    compiled_choosing,
+    reference,
+    single_task,
+    spills,
+    stitched_functions,
+)
 from test_packed_long_rows import _float16
 
-from tvm_stitch import pipeline, verify
+from tvm_stitch import verify
 from tvm_stitch.analysis import analyze
-from tvm_stitch.frontend.onnx import import_model
 from tvm_stitch.lowering import lower
-from tvm_stitch.plan import Choices, StitchPlan
+from tvm_stitch.plan import Choices
 from tvm_stitch.schedule.blocks import prepare
 from tvm_stitch.schedule.decisions import decide
-from tvm_stitch.schedule.decisions.choosing import FixedChoices, choosing
 from tvm_stitch.schedule.rows import Unstitchable
 from tvm_stitch.simt import SimtModule
 from tvm_stitch.target import cuda_target
 from tvm_stitch.transform.online_softmax import find_online_pairs
 from tvm_stitch.tuning.space import choice_space
-from tvm_stitch.tuning.tasks import extract_tasks
 from tvm_stitch.workloads import micro
 
 
-def _task(model: onnx.ModelProto):
-    (task,) = extract_tasks(import_model(model), "cuda:sm_90")
-    return task
-
-
 def _compiled(model: onnx.ModelProto, online: bool | None = None):
-    if online is None:
-        scheduled = pipeline.lower(import_model(model), "cuda:sm_90", "stitch")
-    else:
-        with choosing(FixedChoices(Choices(online_softmax=online))):
-            scheduled = pipeline.lower(import_model(model), "cuda:sm_90", "stitch")
-    return scheduled, StitchPlan.of_module(scheduled)
+    return compiled_choosing(model, None if online is None else Choices(online_softmax=online))
 
 
 @functools.cache
@@ -62,10 +57,10 @@ def _model(nodes: list, inputs: list, output_shape: list[int]) -> onnx.ModelProt
 
 
 def test_the_pair_of_a_softmax_and_of_a_log_softmax() -> None:
-    (pair,) = find_online_pairs(prepare(_task(micro.softmax((8, 1000))).func))
+    (pair,) = find_online_pairs(prepare(single_task(micro.softmax((8, 1000))).func))
     assert (pair.maximum, pair.total, pair.exponentials) == (
         "T_softmax_maxelem", "T_softmax_expsum", "T_softmax_exp")
-    (pair,) = find_online_pairs(prepare(_task(micro.logsoftmax_nll((8, 1000))).func))
+    (pair,) = find_online_pairs(prepare(single_task(micro.logsoftmax_nll((8, 1000))).func))
     assert pair.maximum == "T_softmax_maxelem"
 
 
@@ -82,7 +77,7 @@ def test_no_pair_of_a_maximum_and_another_sum() -> None:
                  helper.make_node("Add", ["s", "m"], ["y"])]
         model = _model(nodes, [x, z], [8, 1])
         model.graph.initializer.append(axes)
-        assert find_online_pairs(prepare(_task(model).func)) == []
+        assert find_online_pairs(prepare(single_task(model).func)) == []
 
 
 def test_cross_entropy_over_llama3s_vocabulary_reads_each_logit_once() -> None:
@@ -175,13 +170,13 @@ def test_rows_masked_to_minus_infinity() -> None:
 
 
 def test_online_is_a_choice_and_refused_without_a_softmax() -> None:
-    softmax = _task(micro.softmax((64, 1000)))
+    softmax = single_task(micro.softmax((64, 1000)))
     rules = decide(softmax.func, softmax.group, softmax.rows, softmax.target).group
     assert Choices(online_softmax=True) in choice_space(rules, 1024)
-    entropy = _task(micro.logsoftmax_nll((8, 128256)))
+    entropy = single_task(micro.logsoftmax_nll((8, 128256)))
     rules = decide(entropy.func, entropy.group, entropy.rows, entropy.target).group
     assert rules.online and Choices(online_softmax=False) in choice_space(rules, 1024)
-    norm = _task(micro.layer_norm((64, 256)))
+    norm = single_task(micro.layer_norm((64, 256)))
     with pytest.raises(Unstitchable, match="no maximum and sum of exponentials"):
         decide(norm.func, norm.group, norm.rows, norm.target, Choices(online_softmax=True))
 

@@ -48,6 +48,7 @@ from ..transform.guarded_updates import (
     tiles_with_rows,
 )
 from ..transform.online_softmax import with_online_softmax
+from ..transform.online_variance import with_online_variance
 from ..transform.settle_bounds import settle_bounds
 from ..transform.uniform_conditions import uniform_conditions
 from .blocks import (
@@ -236,7 +237,8 @@ def rewritten(func: tirx.PrimFunc, group: Group) -> Rewritten:
     same for every lane of a vector stated once per vector (``uniform_conditions``)."""
     if group.mapping is None:
         raise Unstitchable(f"group {group.id} has no thread mapping")
-    func = with_online_softmax(prepare(func), group.online)
+    func = with_online_variance(with_online_softmax(prepare(func), group.online),
+                                group.online_variance)
     if group.mapping.kind not in (MappingKind.FLAT, MappingKind.ROW_WALK) \
             and not group.mapping.rows_expr:
         func = rows_first(func, group.mapping.rows // (group.row_split or 1))

@@ -10,7 +10,7 @@ and each element entering as ``(1, x)``, a thread, a warp and a block combine pa
 in any order, so the row is read once for both (Milakov and Gimelshein, "Online normalizer
 calculation for softmax", 2018). ``merge_online_softmax`` rewrites a fused PrimFunc's pair of
 reduction blocks into one block of two outputs in the form TVM's reduction analysis reads
-(``_register_reducer`` registers the combination with it), so rfactor and the cross-thread
+(``register_reducer`` registers the combination with it), so rfactor and the cross-thread
 reduction lower it as they lower a sum. The sum comes first: TVM's shared-memory tree
 reduction stores a reducer's values one after the other, each computed from the buffers as
 they then are, and the sum reads the maximum's old value.
@@ -29,8 +29,17 @@ import tvm_ffi
 from tvm import s_tir, tirx
 
 from ..symbolic import substitute
-
-_FLOATS = ("float16", "float32", "float64")
+from .merged_reductions import (
+    FLOATS,
+    initial_is,
+    iter_map,
+    operand_of,
+    register_reducer,
+    replaced,
+    same_domain,
+    sblocks,
+    update_of,
+)
 
 
 def _combine(x: list[tvm.ir.Var], y: list[tvm.ir.Var]) -> list[tvm.ir.PrimExpr]:
@@ -42,23 +51,7 @@ def _identity(values: list[tvm.ir.PrimExpr]) -> list[tvm.ir.PrimExpr]:
     return [tirx.const(0, values[0].ty.dtype), tirx.min_value(values[1].ty.dtype)]
 
 
-def _register_reducer() -> None:
-    """Register the online softmax's combination with TVM's reduction analysis:
-    ``s_tir.schedule.RegisterReducer``, which its rfactor and cross-thread reduction consult
-    after their built-in reducers. Done when this module is imported (``import tvm_stitch``
-    does), so that every process that lowers a stitched kernel (MetaSchedule's builders,
-    the SIMT runner's workers) knows it. The two callbacks are also global functions: TVM
-    never frees its global registry, so they outlive the interpreter, which the reducer
-    registry, destroyed at exit after it, needs (freeing a Python callback then aborts the
-    process)."""
-    combine = tvm_ffi.convert(_combine)
-    identity = tvm_ffi.convert(_identity)
-    tvm_ffi.register_global_func("tvm_stitch.online_softmax.combine", combine)
-    tvm_ffi.register_global_func("tvm_stitch.online_softmax.identity", identity)
-    tvm_ffi.get_global_func("s_tir.schedule.RegisterReducer")(2, combine, identity)
-
-
-_register_reducer()
+register_reducer("online_softmax", 2, _combine, _identity)
 
 
 @dataclass(frozen=True)
@@ -71,42 +64,6 @@ class OnlinePair:
     maximum: str
     total: str
     exponentials: str
-
-
-def _sblocks(func: tirx.PrimFunc) -> list[s_tir.SBlock]:
-    found: list[s_tir.SBlock] = []
-    tvm_ffi.structural_walk(func.body, [(s_tir.SBlock, found.append)])
-    return [b for b in found if b.name_hint != "root"]
-
-
-def _update(block: s_tir.SBlock) -> tirx.BufferStore | None:
-    body = block.body
-    if isinstance(body, tirx.BufferStore) and block.init is not None \
-            and len(block.writes) == 1 and len(block.iter_vars) >= 2:
-        return body
-    return None
-
-
-def _operand(store: tirx.BufferStore, op: type) -> tvm.ir.PrimExpr | None:
-    """The other operand of ``store``'s value ``op(store's own element, other)``."""
-    value = store.value
-    if not isinstance(value, op):
-        return None
-    own = tirx.BufferLoad(store.buffer, store.indices)
-    for mine, other in ((value.a, value.b), (value.b, value.a)):
-        if tvm_ffi.structural_equal(mine, own):
-            return other
-    return None
-
-
-def _iter_map(src: s_tir.SBlock, dst: s_tir.SBlock) -> dict[tvm.ir.Var, tvm.ir.PrimExpr]:
-    return {a.var: b.var for a, b in zip(src.iter_vars, dst.iter_vars, strict=True)}
-
-
-def _same_domain(a: s_tir.SBlock, b: s_tir.SBlock) -> bool:
-    return len(a.iter_vars) == len(b.iter_vars) and all(
-        x.iter_type == y.iter_type and tvm_ffi.structural_equal(x.dom, y.dom)
-        for x, y in zip(a.iter_vars, b.iter_vars, strict=True))
 
 
 def _exponent_of(expr: tvm.ir.PrimExpr, maximum: tvm.ir.TensorLoad) -> tvm.ir.PrimExpr | None:
@@ -123,21 +80,21 @@ def find_online_pairs(func: tirx.PrimFunc) -> list[OnlinePair]:
     ``merge_online_softmax`` can merge: a maximum ``m[i] = max over k of x`` whose initial
     value is the lowest finite float, and a sum over the same domain of ``exp(x - m[i])``,
     computed in the sum's block or read from a block that computes it at every element."""
-    blocks = _sblocks(func)
+    blocks = sblocks(func)
     writers = {w.source.name: b for b in blocks for w in b.writes}
     pairs = []
     for high in blocks:
-        store = _update(high)
-        x = _operand(store, tirx.Max) if store is not None else None
-        if x is None or store.buffer.dtype not in _FLOATS \
-                or not _initial(high, tirx.min_value(store.buffer.dtype)):
+        store = update_of(high)
+        x = operand_of(store, tirx.Max) if store is not None else None
+        if x is None or store.buffer.dtype not in FLOATS \
+                or not initial_is(high, tirx.min_value(store.buffer.dtype)):
             continue
         for total in blocks:
-            sum_store = _update(total)
-            term = _operand(sum_store, tirx.Add) if sum_store is not None else None
-            if term is None or total.same_as(high) or not _same_domain(high, total) \
+            sum_store = update_of(total)
+            term = operand_of(sum_store, tirx.Add) if sum_store is not None else None
+            if term is None or total.same_as(high) or not same_domain(high, total) \
                     or sum_store.buffer.dtype != store.buffer.dtype \
-                    or not _initial(total, tirx.const(0, store.buffer.dtype)):
+                    or not initial_is(total, tirx.const(0, store.buffer.dtype)):
                 continue
             pair = _match_sum(high, store, x, total, term, writers)
             if pair is not None:
@@ -145,17 +102,12 @@ def find_online_pairs(func: tirx.PrimFunc) -> list[OnlinePair]:
     return pairs
 
 
-def _initial(block: s_tir.SBlock, value: tvm.ir.PrimExpr) -> bool:
-    return isinstance(block.init, tirx.BufferStore) \
-        and tvm_ffi.structural_equal(block.init.value, value)
-
-
 def _match_sum(high: s_tir.SBlock, store: tirx.BufferStore, x: tvm.ir.PrimExpr,
                total: s_tir.SBlock, term: tvm.ir.PrimExpr, writers: dict[str, s_tir.SBlock]
                ) -> OnlinePair | None:
     """The pair of ``high`` (its update ``store`` takes the maximum with ``x``) and
     ``total`` (adding ``term``) when ``term`` is ``exp(x - m[i])`` at the same element."""
-    to_sum = _iter_map(high, total)
+    to_sum = iter_map(high, total)
     maximum = tirx.BufferLoad(store.buffer, [substitute(i, to_sum) for i in store.indices])
     exponentials = ""
     if isinstance(term, tvm.ir.TensorLoad) and term.source.name in writers:
@@ -188,14 +140,14 @@ def with_online_softmax(func: tirx.PrimFunc, maxima: tuple[str, ...]) -> tirx.Pr
 
 def merge_online_softmax(func: tirx.PrimFunc, pair: OnlinePair) -> tirx.PrimFunc:
     """``func`` with the blocks of ``pair`` merged: the maximum's block also writes the sum,
-    each element entering the pair ``(s, m)`` as ``(1, x)`` (``_register_reducer``); the sum's
+    each element entering the pair ``(s, m)`` as ``(1, x)`` (``register_reducer``); the sum's
     loop nest is removed, and so is the exponentials' block when nothing else reads it."""
-    blocks = {b.name_hint: b for b in _sblocks(func)}
+    blocks = {b.name_hint: b for b in sblocks(func)}
     high, total = blocks[pair.maximum], blocks[pair.total]
     store, sum_store = high.body, total.body
-    x = _operand(store, tirx.Max)
+    x = operand_of(store, tirx.Max)
     own = tirx.BufferLoad(store.buffer, store.indices)
-    to_high = _iter_map(total, high)
+    to_high = iter_map(total, high)
     sum_indices = [substitute(i, to_high) for i in sum_store.indices]
     own_sum = tirx.BufferLoad(sum_store.buffer, sum_indices)
     dtype = store.buffer.dtype
@@ -222,35 +174,4 @@ def merge_online_softmax(func: tirx.PrimFunc, pair: OnlinePair) -> tirx.PrimFunc
         if not any(r.source.name == written for name, b in blocks.items()
                    if name not in (pair.total, pair.exponentials) for r in b.reads):
             drop.add(pair.exponentials)
-    return _replaced(func, high, merged, drop)
-
-
-def _replaced(func: tirx.PrimFunc, old: s_tir.SBlock, new: s_tir.SBlock, drop: set[str]
-              ) -> tirx.PrimFunc:
-    """``func`` with the block ``old`` replaced by ``new``, the loop nests of the blocks
-    named in ``drop`` removed, and the buffers only those wrote no longer allocated."""
-    kept = {w.source.name for w in new.writes}
-    gone = {w.source.name for b in _sblocks(func) if b.name_hint in drop
-            for w in b.writes} - kept
-
-    def names(stmt: tirx.Stmt) -> set[str]:
-        found: list[s_tir.SBlock] = []
-        tvm_ffi.structural_walk(stmt, [(s_tir.SBlock, found.append)])
-        return {b.name_hint for b in found}
-
-    def on_seq(seq: tirx.SeqStmt) -> tirx.Stmt:
-        kept = [stmt for stmt in seq.seq if not names(stmt) & drop]
-        assert all(not names(stmt) - drop for stmt in seq.seq if names(stmt) & drop)
-        return seq if len(kept) == len(seq.seq) else tirx.SeqStmt(kept)
-
-    def on_block(block: s_tir.SBlock) -> s_tir.SBlock:
-        if block.same_as(old):
-            return new
-        if block.name_hint == "root" and any(b.name in gone for b in block.alloc_buffers):
-            return s_tir.SBlock(block.iter_vars, block.reads, block.writes, block.name_hint,
-                                block.body, block.init,
-                                [b for b in block.alloc_buffers if b.name not in gone],
-                                block.match_buffers, block.annotations)
-        return block
-
-    return tvm_ffi.structural_map(func, [(tirx.SeqStmt, on_seq), (s_tir.SBlock, on_block)])
+    return replaced(func, high, merged, drop)

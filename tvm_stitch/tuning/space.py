@@ -130,6 +130,7 @@ def choice_space(group: Group, max_threads: int, clusters: bool = False) -> list
                       for p, s, w in itertools.product(packs, [None, *ROW_STEPS], reads)]
     if mapping.kind not in (MappingKind.FLAT, MappingKind.ROW_WALK):
         space.append(Choices(online_softmax=not group.online))
+        space.append(Choices(online_variance=not group.online_variance))
     return list(dict.fromkeys(space))
 
 

@@ -47,6 +47,7 @@ from ...plan import BufferRole, Choices, Group, StorageLevel
 from ...symbolic import declared_bounds, yardstick_sizes
 from ...target import MAX_SHARED_MEMORY_PER_BLOCK, MAX_THREADS_PER_BLOCK
 from ...transform.online_softmax import find_online_pairs, with_online_softmax
+from ...transform.online_variance import find_variance_triples, with_online_variance
 from ..blocks import (
     LOCAL,
     SHARED,
@@ -115,6 +116,11 @@ def decide(func: tirx.PrimFunc, group: Group, rows: int | None,
     element, the online reduction and its output pass three. Rows split over several blocks
     take it too when it moves no more bytes: its partial pairs are combined after one grid
     barrier, where the two passes need two (a maximum, then a sum of exponentials).
+    Likewise a sum and the sum of squares about its mean (a variance's,
+    ``find_variance_triples``) as one online variance, in row groups (a column reduction
+    keeps one result per block on chip); and either kind when the one-pass kernel is
+    estimated faster (a grid barrier fewer for a few more bytes of partials that stay in
+    L2: the mean's and the count's beside the squares').
 
     Few long rows are split over several blocks (``split.split_candidates``): of the first
     split that builds at each block size, the one the roofline estimates fastest from its
@@ -158,29 +164,49 @@ def _decide_vectors(func: tirx.PrimFunc, group: Group, rows: int | None,
             raise err from None
 
 
+@dataclass(frozen=True)
+class OnePass:
+    """The reduction pairs a kernel takes in one pass: the maximum blocks of online softmaxes
+    (``transform.online_softmax``) and the sum blocks of online variances
+    (``transform.online_variance``)."""
+
+    softmax: tuple[str, ...] = ()
+    variance: tuple[str, ...] = ()
+
+
 def _decide_pairs(func: tirx.PrimFunc, group: Group, rows: int | None, target: Target | None,
                   choices: Choices) -> Decided:
-    """``decide`` with ``choices`` as they are: the online reduction where it is chosen,
-    else the rules' pick between two passes and online."""
-    pairs = tuple(dict.fromkeys(p.maximum for p in find_online_pairs(prepare(func)))) \
-        if rows is not None else ()
-    if choices.online_softmax and not pairs:
-        raise Unstitchable("no maximum and sum of exponentials to take as one online "
-                           "reduction")
-    if not pairs or choices.online_softmax is not None:
-        return _decide(func, group, rows, target, choices,
-                       pairs if choices.online_softmax else ())
-    return _two_pass_or_online(func, group, rows, target, choices, pairs)
+    """``decide`` with ``choices`` as they are: each kind of one-pass reduction where it is
+    chosen, else the rules' pick between two passes and one."""
+    prepared = prepare(func) if rows is not None else None
+    pairs = tuple(dict.fromkeys(p.maximum for p in find_online_pairs(prepared))) \
+        if prepared is not None else ()
+    triples = tuple(t.total for t in find_variance_triples(prepared)) \
+        if prepared is not None else ()
+    for chosen, found, what in ((choices.online_softmax, pairs,
+                                 "maximum and sum of exponentials"),
+                                (choices.online_variance, triples,
+                                 "sum and sum of squares about its mean")):
+        if chosen and not found:
+            raise Unstitchable(f"no {what} to take as one online reduction")
+    fixed = OnePass(pairs if choices.online_softmax else (),
+                    triples if choices.online_variance else ())
+    most = OnePass(pairs if choices.online_softmax is not False else (),
+                   triples if choices.online_variance is not False else ())
+    if fixed == most:
+        return _decide(func, group, rows, target, choices, fixed)
+    return _two_pass_or_online(func, group, rows, target, choices, fixed, most)
 
 
 def _two_pass_or_online(func: tirx.PrimFunc, group: Group, rows: int, target: Target | None,
-                        choices: Choices, pairs: tuple[str, ...]) -> Decided:
-    """The rules' pick between the two-pass kernel and the online one (``decide``)."""
+                        choices: Choices, fewest: OnePass, most: OnePass) -> Decided:
+    """The rules' pick between the kernel with the ``fewest`` one-pass reductions (two
+    passes) and the one with the ``most`` (``decide``)."""
     try:
-        two_pass = _decide(func, group, rows, target, choices, ())
+        two_pass = _decide(func, group, rows, target, choices, fewest)
     except Unstitchable as err:
         try:
-            return _decide(func, group, rows, target, choices, pairs)
+            return _decide(func, group, rows, target, choices, most)
         except Unstitchable:
             raise err from None
     bodies = [two_pass.group, *filter(None, [two_pass.group.beyond_bound])]
@@ -189,15 +215,24 @@ def _two_pass_or_online(func: tirx.PrimFunc, group: Group, rows: int, target: Ta
             for body in bodies for b in body.buffers):
         return two_pass
     try:
-        online = _decide(func, group, rows, target, choices, pairs)
+        online = _decide(func, group, rows, target, choices, most)
     except Unstitchable:
         return two_pass
+    sizes = _counted_sizes(func, two_pass)
     counts = [(global_bytes(online.lowered, sizes=at), global_bytes(two_pass.lowered, sizes=at))
-              for at in _counted_sizes(func, two_pass)]
+              for at in sizes]
     fewer_barriers = online.group.row_split == two_pass.group.row_split \
         and len(online.group.phases) < len(two_pass.group.phases)
     if all(o is not None and t is not None and o <= t for o, t in counts) \
             and (fewer_barriers or any(o < t for o, t in counts)):
+        return online
+    gpu = device_of(target)
+    try:
+        times = [(_estimate_us(online, gpu, at), _estimate_us(two_pass, gpu, at))
+                 for at in sizes]
+    except AnalysisError:
+        times = []
+    if times and all(o < t for o, t in times):
         return online
     return two_pass
 
@@ -216,8 +251,8 @@ def _counted_sizes(func: tirx.PrimFunc, decided: Decided) -> list[dict[str, int]
 
 
 def _decide(func: tirx.PrimFunc, group: Group, rows: int | None, target: Target | None,
-            choices: Choices, online: tuple[str, ...]) -> Decided:
-    """``decide`` with the maximum blocks ``online`` merged with their sums: with the
+            choices: Choices, online: OnePass) -> Decided:
+    """``decide`` with the reduction pairs ``online`` taken in one pass: with the
     transposing copies of inputs kept as blocks (``row_permutation``), or inlined where
     that does not stitch."""
     try:
@@ -231,13 +266,15 @@ def _decide(func: tirx.PrimFunc, group: Group, rows: int | None, target: Target 
 
 
 def _decide_moves(func: tirx.PrimFunc, group: Group, rows: int | None,
-                  target: Target | None, choices: Choices, online: tuple[str, ...],
+                  target: Target | None, choices: Choices, online: OnePass,
                   keep_transposes: bool) -> Decided:
     """``_decide`` with the transposing copies of inputs kept or not."""
-    group = replace(group, choices=choices, online=online)
+    group = replace(group, choices=choices, online=online.softmax,
+                    online_variance=online.variance)
     budget, max_threads = target_budget(target)
     gpu = device_of(target)
-    fused, func = func, with_online_softmax(prepare(func), online)
+    fused, func = func, with_online_variance(with_online_softmax(prepare(func), online.softmax),
+                                             online.variance)
     if rows is not None:
         func, moves = permute_rows(rows_first(func, rows), keep_transposes)
         group = replace(group, permuted_copies=moves.copies, permuted_outputs=moves.outputs,
@@ -248,6 +285,10 @@ def _decide_moves(func: tirx.PrimFunc, group: Group, rows: int | None,
     if rows is None:
         done = _element_wise(func, sch, group, max_threads, gpu)
     elif column_reductions(sch, rows):
+        if online.variance:  # the accumulators and partials of a column phase are one per
+            raise Unstitchable(  # block: the mean and count would accumulate in global memory
+                "online variance over columns: a column reduction keeps one result per "
+                "block on chip")
         done = decide_global(sch, func, group, rows, budget, max_threads, gpu)
     else:
         failure, built, estimates = None, [], {}
@@ -326,9 +367,11 @@ def _fewer_bytes(a: Decided, b: Decided, margin: float) -> bool:
         and counted_a < (1 - margin) * counted_b
 
 
-def _estimate_us(decided: Decided, gpu: GPU) -> float:
-    """The roofline estimate of a built kernel: its counted traffic on ``gpu``."""
-    return sum(kernel_time_us(gpu, r.work) for r in lowered_reports(decided.lowered))
+def _estimate_us(decided: Decided, gpu: GPU, sizes: dict[str, int] | None = None) -> float:
+    """The roofline estimate of a built kernel: its counted traffic on ``gpu``, symbolic
+    dimensions at ``sizes``."""
+    return sum(kernel_time_us(gpu, r.work)
+               for r in lowered_reports(decided.lowered, shape_vars=sizes))
 
 
 def _element_wise(func: tirx.PrimFunc, sch: s_tir.Schedule, group: Group, max_threads: int,

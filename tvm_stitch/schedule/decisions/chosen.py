@@ -20,11 +20,12 @@ WALK_CHOICES = frozenset({"row_steps", "vector", "walk_rows"})
 """What the choices of an element-wise group that walks its rows may fix."""
 
 ROW_CHOICES = frozenset({"threads_per_row", "rows_per_block", "row_steps", "vector",
-                         "split_parts", "reread", "held", "vector_reads", "online_softmax"})
+                         "split_parts", "reread", "held", "vector_reads", "online_softmax",
+                         "online_variance"})
 """What a row group's choices may fix."""
 
 GLOBAL_CHOICES = frozenset({"threads_per_row", "vector", "split_parts", "column_tiles",
-                            "reread", "online_softmax", "cluster"})
+                            "reread", "online_softmax", "online_variance", "cluster"})
 """What a Global group's choices may fix (a split row group's: not its threads; only a split
 row group's: its clusters)."""
 
