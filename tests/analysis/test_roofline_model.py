@@ -64,7 +64,8 @@ def test_each_grid_barrier_costs_its_figure(gpu) -> None:
 
 
 def test_a_report_charges_the_grid_barriers_of_its_kernel() -> None:
-    scheduled = pipeline.lower(import_model(micro.layer_norm((4, 4096))), "cuda:sm_90",
+    # a batch norm's column mean and variance: row tiles, a column phase, the output rows
+    scheduled = pipeline.lower(import_model(micro.batchnorm_train((4096, 512))), "cuda:sm_90",
                                "stitch")
     (kernel,) = analyze(scheduled).kernels
     assert kernel.grid_barriers == 2 and kernel.to_dict()["grid_barriers"] == 2

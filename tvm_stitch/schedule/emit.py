@@ -205,7 +205,7 @@ class Rewritten:
 
     sch: s_tir.Schedule
     block_caches: list[str]
-    partials: dict[str, tuple[str, str]] = field(default_factory=dict)
+    partials: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
     held: dict[str, int] = field(default_factory=dict)
     phase_of: dict[str, int] = field(default_factory=dict)
     row_blocks: dict[int, set[str]] = field(default_factory=dict)
@@ -213,6 +213,10 @@ class Rewritten:
     row_caches: dict[int, list[SBlockRV]] = field(default_factory=dict)
     kept: frozenset[str] = frozenset()
     row_count: tvm.ir.PrimExpr | None = None  # of run-time row tiles (``row_tiles``)
+
+    def write_outs(self) -> list[str]:
+        """The write-out blocks of every column reduction's partial results."""
+        return [w for _, outs in self.partials.values() for w in outs]
 
     def vectorisable(self) -> list[SBlockRV]:
         """The blocks whose accesses the mapping may take in vectors: every block of a row
@@ -224,7 +228,7 @@ class Rewritten:
         caches = [c for lists in (self.tile_caches, self.row_caches) for cs in lists.values()
                   for c in cs]
         names = {n for rows in self.row_blocks.values() for n in rows} \
-            | {w for _, w in self.partials.values()} | set(self.block_caches)
+            | set(self.write_outs()) | set(self.block_caches)
         return [b for b in blocks if name_of(self.sch, b) in names] + caches
 
 
@@ -624,9 +628,13 @@ def _rewritten_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group) ->
         tile, _ = sch.split(row, [mapping.tiles, None if mapping.row_tiles
                                   else mapping.row_steps])
         accumulate = sch.rfactor(tile, 0)
-        _flatten_partials(sch, accumulate)
-        write_out = sch.cache_write(accumulate, 0, SCOPES[sums[name].level])
-        done.partials[name] = (name_of(sch, accumulate), name_of(sch, write_out))
+        results = range(len(sch.get(accumulate).writes))  # an online variance's: three
+        for index in results:
+            _flatten_partials(sch, accumulate, index)
+        write_outs = [sch.cache_write(accumulate, i, SCOPES[sums[name].level])
+                      for i in results]
+        done.partials[name] = (name_of(sch, accumulate),
+                               tuple(name_of(sch, w) for w in write_outs))
         if sums[name].level is StorageLevel.REGISTER:
             done.held[name_of(sch, accumulate)] = sums[name].registers
     done.phase_of = _phase_of_blocks(sch, group.phases, done.partials)
@@ -634,7 +642,7 @@ def _rewritten_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group) ->
         sch = s_tir.Schedule(guards_in_updates(sch.mod["main"],
                                                {a for a, _ in done.partials.values()}))
     done.sch = sch = _reorder_by_phase(sch, done.phase_of,
-                                       {w for _, w in done.partials.values()})
+                                       set(done.write_outs()))
     for index, phase in enumerate(group.phases):
         if phase.kind is not PhaseKind.ROWS:
             continue
@@ -646,7 +654,8 @@ def _rewritten_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group) ->
                 cache = _stage_phase_input(sch, names, buf.name)
                 (caches if buf.per_block else per_row).append(cache)
         mine = [c for c in columns if c in phase.blocks]
-        rows = names - {n for c in mine for n in done.partials[c]} - set(block_caches) \
+        rows = names - {n for c in mine for n in (done.partials[c][0], *done.partials[c][1])} \
+            - set(block_caches) \
             - set(phase.combines)
         flatten_rows(sch, mapping.rows, [], only=rows)
         done.row_blocks[index] = rows
@@ -678,7 +687,7 @@ def _map_global(done: Rewritten, group: Group) -> s_tir.Schedule:
     if mapping.row_tiles:
         per_tile = {name_of(sch, c) for caches in done.tile_caches.values() for c in caches}
         sch = s_tir.Schedule(on_chip_writes_unconditional(tiles_with_rows(
-            sch.mod["main"], {w for _, w in done.partials.values()}, set(done.partials),
+            sch.mod["main"], set(done.write_outs()), set(done.partials),
             per_tile, done.row_count, mapping.row_tiles, mapping.row_steps), done.row_count))
     return sch
 
@@ -710,16 +719,17 @@ def _copy_across_barriers(sch: s_tir.Schedule, group: Group) -> None:
         assert copy in phase.blocks, (copy, phase.blocks)
 
 
-def _flatten_partials(sch: s_tir.Schedule, accumulate: SBlockRV) -> None:
-    """Lay the partial sums of ``accumulate`` (tile, columns...) out as (tile, column): a
+def _flatten_partials(sch: s_tir.Schedule, accumulate: SBlockRV, index: int) -> None:
+    """Lay the ``index``-th partial results of ``accumulate`` (tile, columns...) out as
+    (tile, column): a
     tile of consecutive columns is then one interval of the buffer, so the region that
     compute-at derives for it (the write-out of a column tile) is exact rather than the box
     around it, whose other columns belong to other tasks."""
-    shape = list(sch.get(accumulate).writes[0].source.shape)
+    shape = list(sch.get(accumulate).writes[index].source.shape)
     if len(shape) <= 2:
         return
     layout = row_element_map([0], shape[:1], list(range(1, len(shape))), shape[1:])
-    sch.transform_layout(accumulate, ("write", 0), tirx.IndexMap.from_func(
+    sch.transform_layout(accumulate, ("write", index), tirx.IndexMap.from_func(
         layout, ndim=len(shape), index_dtype=str(shape[0].ty.dtype)))
 
 
@@ -735,7 +745,7 @@ def _stage_phase_input(sch: s_tir.Schedule, names: set[str], buffer_name: str) -
 
 
 def _phase_of_blocks(sch: s_tir.Schedule, phases: tuple[Phase, ...],
-                     partials: dict[str, tuple[str, str]]) -> dict[str, int]:
+                     partials: dict[str, tuple[str, tuple[str, ...]]]) -> dict[str, int]:
     """The phase of every block: as planned; a column reduction's partial sum and write-out
     in the row phase that feeds it, its combination in the column phase; blocks added by
     the schedule (staging caches, copies of outputs) with the blocks they feed, else with
@@ -744,7 +754,8 @@ def _phase_of_blocks(sch: s_tir.Schedule, phases: tuple[Phase, ...],
     for index, phase in enumerate(phases):
         for name in phase.blocks:
             if name in partials and phase.kind is PhaseKind.ROWS:
-                phase_of.update({n: index for n in partials[name]})
+                accumulate, write_outs = partials[name]
+                phase_of.update({n: index for n in (accumulate, *write_outs)})
             else:
                 phase_of[name] = index
     for block in reversed(child_blocks(sch)):
@@ -788,7 +799,8 @@ def _reorder_by_phase(sch: s_tir.Schedule, phase_of: dict[str, int], last: set[s
 
 
 def _map_row_phase(sch: s_tir.Schedule, mapping: ThreadMapping, names: set[str],
-                   accumulators: list[str], write_outs: list[str], caches: list[SBlockRV],
+                   accumulators: list[str], write_outs: list[tuple[str, ...]],
+                   caches: list[SBlockRV],
                    row_caches: list[SBlockRV], phase: Phase, held: dict[str, int],
                    scalar: tuple[str, ...], kept: frozenset[str] = frozenset(),
                    walk: int = 0) -> None:
@@ -806,10 +818,10 @@ def _map_row_phase(sch: s_tir.Schedule, mapping: ThreadMapping, names: set[str],
     that many rows (``unroll_bounds.bound_row_walk``)."""
     column_tiles, combines = phase.column_tiles, phase.combines
     if phase.lanes > 1:
-        assert len(accumulators) == 1 and not (names or caches or row_caches or held
-                                               or walk), phase
+        assert len(accumulators) == 1 and len(write_outs[0]) == 1 and not (
+            names or caches or row_caches or held or walk), phase
         assert _lanes(sch, accumulators[0], column_tiles, mapping) == phase.lanes, phase
-        _map_lanes(sch, mapping, accumulators[0], write_outs[0], column_tiles, scalar)
+        _map_lanes(sch, mapping, accumulators[0], write_outs[0][0], column_tiles, scalar)
         return
     sinks, others = split_sinks(sch, names | set(accumulators))
     moved = [b for b in others if name_of(sch, b) in kept]  # later phases read them too
@@ -859,20 +871,22 @@ def _map_row_phase(sch: s_tir.Schedule, mapping: ThreadMapping, names: set[str],
     for block in caches:
         sch.compute_at(block, bx, preserve_unit_loops=True)
         _bind_tile_loops(sch, block, mapping, scalar)
-    for name, write_out in zip(accumulators, write_outs, strict=True):
-        block = sch.get_sblock(write_out)
-        sch.reverse_compute_at(block, bx, preserve_unit_loops=True)
-        if name in held:
-            _hold_partial_sums(sch, name, block, held[name], mapping)
-        else:
-            _bind_tile_loops(sch, block, mapping, scalar)
+    for name, outs in zip(accumulators, write_outs, strict=True):
+        for index, write_out in enumerate(outs):
+            block = sch.get_sblock(write_out)
+            sch.reverse_compute_at(block, bx, preserve_unit_loops=True)
+            if name in held:
+                _hold_partial_sums(sch, name, block, index, held[name], mapping)
+            else:
+                _bind_tile_loops(sch, block, mapping, scalar)
     if walk:
         bound_row_walk(sch, step, walk)
 
 
 def _hold_partial_sums(sch: s_tir.Schedule, accumulator: str, write_out: SBlockRV,
-                       slots: int, mapping: ThreadMapping) -> None:
-    """Keep the partial sums of ``accumulator`` (a local buffer over (tile, column), its
+                       index: int, slots: int, mapping: ThreadMapping) -> None:
+    """Keep the ``index``-th partial results of ``accumulator`` (a local buffer over (tile,
+    column), its
     update at thread ``c % P`` of column ``c``, zeroed before the tile's rows) in ``slots``
     registers per thread: ``write_out`` (placed after the tile) takes the columns of the
     same threads, the buffer is laid out by ``column // P`` (a local buffer is private to
@@ -884,14 +898,14 @@ def _hold_partial_sums(sch: s_tir.Schedule, accumulator: str, write_out: SBlockR
     sch.bind(_thread_loop(sch, column, mapping), "threadIdx.x")
     block = sch.get_sblock(f"{accumulator}_update")  # the names decompose_reduction gives
     init = sch.get_sblock(f"{accumulator}_init")
-    for each in (block, init, write_out):
+    for each in (block, init, write_out) if index == 0 else (write_out,):
         serial = sch.get_loops(each)[-1]
         assert int(sch.get(serial).extent) == slots, (accumulator, slots)
         sch.unroll(serial)
     threads = mapping.threads_per_row
-    buffer = sch.get(block).writes[0].source
+    buffer = sch.get(block).writes[index].source
     assert len(buffer.shape) == 2, buffer.shape  # (tile, column): ``_flatten_partials``
-    sch.transform_layout(block, ("write", 0), tirx.IndexMap.from_func(
+    sch.transform_layout(block, ("write", index), tirx.IndexMap.from_func(
         lambda _tile, c: (c // threads,), ndim=2, index_dtype=str(buffer.shape[0].ty.dtype)),
         assume_injective_transform=True)
 
@@ -987,14 +1001,19 @@ def _map_column_phase(sch: s_tir.Schedule, threads: int, combines: list[str],
         if name not in in_registers:
             continue
         block = sch.get_sblock(name)
-        result = sch.get(block).writes[0].source
-        assert register_sum(result, threads), (name, list(result.shape), threads)
-        total = sch.cache_write(block, 0, LOCAL)  # the sum in a register, stored once
-        sch.reverse_compute_at(total, sch.get_loops(block)[1], preserve_unit_loops=True)
-        _one_register(sch, block, result)
+        for index, written in enumerate(sch.get(block).writes):  # an online variance: 3
+            result = written.source
+            assert register_sum(result, threads), (name, list(result.shape), threads)
+            total = sch.cache_write(block, index, LOCAL)  # the sum in a register, stored
+            column = sch.get(sch.get_loops(block)[1])  # once, after the column's sum
+            if not any(sch.get(loop).same_as(column) for loop in sch.get_loops(total)):
+                sch.reverse_compute_at(total, sch.get_loops(block)[1],
+                                       preserve_unit_loops=True)
+            _one_register(sch, block, index, result)
 
 
-def _one_register(sch: s_tir.Schedule, block: SBlockRV, result: tirx.Buffer) -> None:
+def _one_register(sch: s_tir.Schedule, block: SBlockRV, index: int, result: tirx.Buffer
+                  ) -> None:
     """Lay out the register ``block`` writes (a copy of ``result``, placed) as one element:
     each thread sums one column at a time. TVM would size it from the columns the thread may
     touch, and a guard on the block index (a persistent grid that does not divide the tasks)
@@ -1002,7 +1021,7 @@ def _one_register(sch: s_tir.Schedule, block: SBlockRV, result: tirx.Buffer) -> 
     stack)."""
     dtype = str(result.shape[0].ty.dtype)
     zero = tirx.IntImm(dtype, 0)
-    sch.transform_layout(block, ("write", 0), tirx.IndexMap.from_func(
+    sch.transform_layout(block, ("write", index), tirx.IndexMap.from_func(
         lambda *_: [zero], ndim=len(result.shape), index_dtype=dtype),
         assume_injective_transform=True)
 

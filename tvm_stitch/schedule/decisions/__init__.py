@@ -117,10 +117,10 @@ def decide(func: tirx.PrimFunc, group: Group, rows: int | None,
     take it too when it moves no more bytes: its partial pairs are combined after one grid
     barrier, where the two passes need two (a maximum, then a sum of exponentials).
     Likewise a sum and the sum of squares about its mean (a variance's,
-    ``find_variance_triples``) as one online variance, in row groups (a column reduction
-    keeps one result per block on chip); and either kind when the one-pass kernel is
-    estimated faster (a grid barrier fewer for a few more bytes of partials that stay in
-    L2: the mean's and the count's beside the squares').
+    ``find_variance_triples``) as one online variance, over rows or columns; and either
+    kind when the one-pass kernel takes fewer grid barriers and is estimated faster for it,
+    though it moves a few more bytes (the partial means and counts beside the squares, which
+    stay in L2).
 
     Few long rows are split over several blocks (``split.split_candidates``): of the first
     split that builds at each block size, the one the roofline estimates fastest from its
@@ -226,15 +226,15 @@ def _two_pass_or_online(func: tirx.PrimFunc, group: Group, rows: int, target: Ta
     if all(o is not None and t is not None and o <= t for o, t in counts) \
             and (fewer_barriers or any(o < t for o, t in counts)):
         return online
+    if not fewer_barriers:
+        return two_pass
     gpu = device_of(target)
     try:
         times = [(_estimate_us(online, gpu, at), _estimate_us(two_pass, gpu, at))
                  for at in sizes]
     except AnalysisError:
-        times = []
-    if times and all(o < t for o, t in times):
-        return online
-    return two_pass
+        return two_pass
+    return online if times and all(o < t for o, t in times) else two_pass
 
 
 def _counted_sizes(func: tirx.PrimFunc, decided: Decided) -> list[dict[str, int]]:
@@ -285,10 +285,6 @@ def _decide_moves(func: tirx.PrimFunc, group: Group, rows: int | None,
     if rows is None:
         done = _element_wise(func, sch, group, max_threads, gpu)
     elif column_reductions(sch, rows):
-        if online.variance:  # the accumulators and partials of a column phase are one per
-            raise Unstitchable(  # block: the mean and count would accumulate in global memory
-                "online variance over columns: a column reduction keeps one result per "
-                "block on chip")
         done = decide_global(sch, func, group, rows, budget, max_threads, gpu)
     else:
         failure, built, estimates = None, [], {}

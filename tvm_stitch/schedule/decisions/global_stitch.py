@@ -158,7 +158,8 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
                             max(per_row, WARP_SIZE),
                             rows_expr=_rows_expr(columns) if symbolic else "")
     _keep_partials_global(sch, roles, dec)
-    elements = {name: bytes_of(sch.get(sch.get_sblock(name)).writes[0].source)
+    # bytes per column of each column reduction's partial results (an online variance: 3)
+    elements = {name: sum(bytes_of(w.source) for w in sch.get(sch.get_sblock(name)).writes)
                 for name in roles.columns}
     accumulators = {name: roles.columns[name] * elements[name] for name in roles.columns}
     needed = sum(accumulators.values())
@@ -527,12 +528,13 @@ def _column_sums(sch: s_tir.Schedule, phases: tuple[Phase, ...], threads: int
         if phase.kind is not PhaseKind.COLUMNS:
             continue
         for name in phase.combines:
-            result = sch.get(sch.get_sblock(name)).writes[0].source
-            if register_sum(result, threads):
+            results = [w.source for w in sch.get(sch.get_sblock(name)).writes]
+            in_register = all(register_sum(r, threads) for r in results)
+            for result in results:
                 sums.append(Buffer(result.name, BufferRole.SUM, StorageLevel.REGISTER, 0,
-                                   "summed in a register, stored once", name))
-            else:
-                sums.append(Buffer(result.name, BufferRole.SUM, StorageLevel.GLOBAL, 0,
+                                   "summed in a register, stored once", name)
+                            if in_register else
+                            Buffer(result.name, BufferRole.SUM, StorageLevel.GLOBAL, 0,
                                    "summed in place: not one axis of whole threads of "
                                    f"{threads}", name))
     return tuple(sums)
@@ -573,24 +575,25 @@ def _phase_inputs(sch: s_tir.Schedule, roles: Roles, rows: int, room: int
         if kind not in (BlockRole.COLUMN, BlockRole.COLUMN_SPACE, BlockRole.COMBINE):
             continue
         block = sch.get_sblock(name)
-        buffer = sch.get(block).writes[0].source
-        by_level: dict[int, list[str]] = {}
-        for user in readers(sch, buffer, exclude=block, affine=True):
-            user_name = name_of(sch, user)
-            if roles.kinds[user_name] in (BlockRole.ROW, BlockRole.COLUMN) \
-                    and roles.levels[user_name] > roles.levels[name]:
-                by_level.setdefault(roles.levels[user_name], []).append(user_name)
-        size = prod(int(d) for d in buffer.shape) * bytes_of(buffer)
-        for users in by_level.values():
-            per_block = all(_row_independent(sch, u, buffer, rows, roles) for u in users)
-            staged = size if per_block else bytes_of(buffer)
-            if staged > room or (not per_block and size > rows * bytes_of(buffer)):
-                continue
-            room -= staged
-            note = ("read alike by every row: once per block" if per_block
-                    else "one value per row: once per row")
-            found.append(Buffer(buffer.name, BufferRole.PHASE_INPUT, StorageLevel.SHARED, staged,
-                                note, users[0], per_block))
+        for written in sch.get(block).writes:  # an online variance's mean too
+            buffer = written.source
+            by_level: dict[int, list[str]] = {}
+            for user in readers(sch, buffer, exclude=block, affine=True):
+                user_name = name_of(sch, user)
+                if roles.kinds[user_name] in (BlockRole.ROW, BlockRole.COLUMN) \
+                        and roles.levels[user_name] > roles.levels[name]:
+                    by_level.setdefault(roles.levels[user_name], []).append(user_name)
+            size = prod(int(d) for d in buffer.shape) * bytes_of(buffer)
+            for users in by_level.values():
+                per_block = all(_row_independent(sch, u, buffer, rows, roles) for u in users)
+                staged = size if per_block else bytes_of(buffer)
+                if staged > room or (not per_block and size > rows * bytes_of(buffer)):
+                    continue
+                room -= staged
+                note = ("read alike by every row: once per block" if per_block
+                        else "one value per row: once per row")
+                found.append(Buffer(buffer.name, BufferRole.PHASE_INPUT, StorageLevel.SHARED,
+                                    staged, note, users[0], per_block))
     return tuple(found)
 
 
