@@ -216,3 +216,26 @@ def test_chosen_online_variance_on_chip_matches_onnxruntime(name: str) -> None:
              for i in model.graph.input}
     outs = SimtModule(scheduled)(*feeds.values())
     assert_matches(outs, reference(model, feeds))
+
+
+def test_a_float16_layer_norm_of_one_row_runs_on_the_simt_runner() -> None:
+    """Fuzz graph 4242:1236's float16 LayerNorm over one row of 2048, then a float32
+    softmax: in one pass, one block. Its count of one element was declared with
+    decl_buffer's default layout, a scalar that TVMScript printed as ``X.source[i]`` and
+    the SIMT runner's float16 retyping could not parse back (as the split variance's
+    copies once were, ``task_split.combine_per_reader``)."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.uniform(0.5, 1.5, 2048).astype("float16"), "g"),
+             numpy_helper.from_array(rng.uniform(-0.5, 0.5, 2048).astype("float16"), "b")]
+    nodes = [helper.make_node("LayerNormalization", ["x", "g", "b"], ["n"], axis=1),
+             helper.make_node("Cast", ["n"], ["c"], to=TensorProto.FLOAT),
+             helper.make_node("Softmax", ["c"], ["s"], axis=1),
+             helper.make_node("Cast", ["s"], ["y"], to=TensorProto.FLOAT16)]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT16, [1, 2048])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT16, [1, 2048])
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y], inits),
+                              opset_imports=[helper.make_opsetid("", 18)])
+    _, plan = _compiled(model)
+    assert plan.groups[0].online_variance == ("x_sum",), str(plan)
+    outcome = check_model(model, "stitch")
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)

@@ -264,8 +264,11 @@ def merge_online_variance(func: tirx.PrimFunc, triple: VarianceTriple) -> tirx.P
     squares_buffer = squares.body.buffer
     mean_buffer = blocks[triple.mean].writes[0].source
     dtype = store.buffer.dtype
+    # layout=None as TVM's own buffers (``task_split.combine_per_reader``): decl_buffer's
+    # default layout makes a one-element buffer a scalar, which TVMScript prints as
+    # ``X.source[i]`` and cannot parse back (the SIMT runner's float16 retyping)
     count = tirx.decl_buffer(store.buffer.shape, dtype, f"{store.buffer.name}_count",
-                             scope=store.buffer.scope())
+                             scope=store.buffer.scope(), layout=None)
     indices = list(store.indices)
     own = [tirx.BufferLoad(b, indices) for b in (squares_buffer, mean_buffer, count)]
     element = [tirx.const(0, dtype), x, tirx.const(1, dtype)]
