@@ -14,6 +14,8 @@ from tvm.s_tir.schedule import SBlockRV
 from tvm.sym import Analyzer
 
 from ..plan import StorageLevel
+from ..transform.online_softmax import with_online_softmax
+from ..transform.online_variance import with_online_variance
 from .rows import Unstitchable
 
 SHARED = "shared"
@@ -208,6 +210,15 @@ def prepare(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """The form of a fused PrimFunc that decisions and emission both start from: unique
     buffer names, 32-bit indices where possible."""
     return narrow_indices(unique_buffer_names(func))
+
+
+def prepare_one_pass(func: tirx.PrimFunc, softmax: tuple[str, ...],
+                     variance: tuple[str, ...]) -> tirx.PrimFunc:
+    """``prepare(func)`` with the reduction pairs a plan takes in one pass merged: the
+    maximum blocks ``softmax`` with their sums of exponentials (``online_softmax``), the sum
+    blocks ``variance`` with their squares about the mean (``online_variance``). Deciding
+    and emission both start from it."""
+    return with_online_variance(with_online_softmax(prepare(func), softmax), variance)
 
 
 def add_unit_loops(sch: s_tir.Schedule) -> None:

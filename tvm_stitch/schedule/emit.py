@@ -47,8 +47,6 @@ from ..transform.guarded_updates import (
     on_chip_writes_unconditional,
     tiles_with_rows,
 )
-from ..transform.online_softmax import with_online_softmax
-from ..transform.online_variance import with_online_variance
 from ..transform.settle_bounds import settle_bounds
 from ..transform.uniform_conditions import uniform_conditions
 from .blocks import (
@@ -60,7 +58,7 @@ from .blocks import (
     child_blocks,
     inline,
     name_of,
-    prepare,
+    prepare_one_pass,
     readers,
     split_sinks,
     writer,
@@ -241,8 +239,7 @@ def rewritten(func: tirx.PrimFunc, group: Group) -> Rewritten:
     same for every lane of a vector stated once per vector (``uniform_conditions``)."""
     if group.mapping is None:
         raise Unstitchable(f"group {group.id} has no thread mapping")
-    func = with_online_variance(with_online_softmax(prepare(func), group.online),
-                                group.online_variance)
+    func = prepare_one_pass(func, group.online, group.online_variance)
     if group.mapping.kind not in (MappingKind.FLAT, MappingKind.ROW_WALK) \
             and not group.mapping.rows_expr:
         func = rows_first(func, group.mapping.rows // (group.row_split or 1))

@@ -46,8 +46,8 @@ from ...lowering import LoweredFunc, lower
 from ...plan import BufferRole, Choices, Group, StorageLevel
 from ...symbolic import declared_bounds, yardstick_sizes
 from ...target import MAX_SHARED_MEMORY_PER_BLOCK, MAX_THREADS_PER_BLOCK
-from ...transform.online_softmax import find_online_pairs, with_online_softmax
-from ...transform.online_variance import find_variance_triples, with_online_variance
+from ...transform.online_softmax import find_online_pairs
+from ...transform.online_variance import find_variance_triples
 from ..blocks import (
     LOCAL,
     SHARED,
@@ -56,6 +56,7 @@ from ..blocks import (
     child_blocks,
     name_of,
     prepare,
+    prepare_one_pass,
     split_sinks,
 )
 from ..emit import kernel, rewritten
@@ -273,8 +274,7 @@ def _decide_moves(func: tirx.PrimFunc, group: Group, rows: int | None,
                     online_variance=online.variance)
     budget, max_threads = target_budget(target)
     gpu = device_of(target)
-    fused, func = func, with_online_variance(with_online_softmax(prepare(func), online.softmax),
-                                             online.variance)
+    fused, func = func, prepare_one_pass(func, online.softmax, online.variance)
     if rows is not None:
         func, moves = permute_rows(rows_first(func, rows), keep_transposes)
         group = replace(group, permuted_copies=moves.copies, permuted_outputs=moves.outputs,
