@@ -185,7 +185,7 @@ def test_a_reduction_over_one_value_per_row_keeps_its_partial_sum_in_shared_memo
     # the 7 row maxima. The LayerNorm's sums have no columns, one partial sum per tile, and
     # holding them "per column" in registers failed an emitter assertion: the whole group
     # fell back ("scheduling failed: (7,)"). A column softmax of so few rows is strided rows
-    # of a transposed view now (``MixedReduction``): a column maximum subtracted and a column
+    # of a transposed view now (``mixed_reductions``): a column maximum subtracted and a column
     # sum (over a quarter of the budget together) stand in for it.
     from tvm_stitch.workloads.graph import GraphBuilder
 

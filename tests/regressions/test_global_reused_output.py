@@ -5,7 +5,7 @@ the Where also an output (read by a MatMul). The plan gave the Where's output an
 and inlined the Where, but emission chose the outputs to copy from the blocks of the row
 phases, where the inlined Where no longer is: "The block ... is an output block", and the
 group fell back. Emission now copies the outputs the plan lists. (A column LogSoftmax of
-so few rows is strided rows of a transposed view now, ``MixedReduction``: a column maximum
+so few rows is strided rows of a transposed view now, ``mixed_reductions``: a column maximum
 subtracted stands in for it.)"""
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ element-wise ops after it, on one tile of three rows in sequence, fell back with
 intermediate for the three rows its block walks, where the plan has one (33 KB). Indexed
 by the row's place in the block, the rows in sequence reuse one row of shared memory
 (schedule/emit.py, ``_index_rows_in_block``). A column softmax of so few rows is strided
-rows of a transposed view now (``MixedReduction``): a column maximum subtracted stands in
+rows of a transposed view now (``mixed_reductions``): a column maximum subtracted stands in
 for it."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ Fuzz graphs 4242:46, :151, :185 (large 0.05): a column softmax over (257, 5) fel
 the rows, and 257 is prime. On 1285 elements one tile is no loss; on a large tensor the
 refusal stands (schedule/decisions/tiles.py, ``SMALL_GLOBAL_ELEMENTS``), where there are more
 rows than columns: a column softmax of no more rows than columns is strided rows of a
-transposed view (``MixedReduction``).
+transposed view (``mixed_reductions``).
 
 Such a Global kernel's partial sums make it move more than TVM's kernels: it falls back
 unless it is estimated faster, the launches it saves included (``stitch_fuse._worse``; fuzz

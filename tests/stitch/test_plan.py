@@ -238,7 +238,7 @@ def test_split_parts_are_slices_stitched_with_their_readers() -> None:
 
 
 def test_middle_axis_sum_reduces_rows_of_a_transposed_view() -> None:
-    # MixedReduction: the sum over axis 1 of (4, 8, 16) reduces rows of 8 of a transpose that
+    # mixed_reductions: the sum over axis 1 of (4, 8, 16) reduces rows of 8 of a transpose that
     # the kernel reads through (a symbolic length still falls back: test_dynamic_rows.py)
     plan = _plan("middle_axis_sum", 4, 8, 16)
     (group,) = plan.groups

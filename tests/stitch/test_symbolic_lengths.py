@@ -149,7 +149,7 @@ MIDDLE_AXIS = {
 
 @pytest.mark.parametrize("case", sorted(MIDDLE_AXIS))
 def test_a_sum_over_a_symbolic_middle_axis_is_a_stitched_row_reduction(case: str) -> None:
-    """The sum reduces rows of a transposed view (``MixedReduction``) walked with a run-time
+    """The sum reduces rows of a transposed view (``mixed_reductions``) walked with a run-time
     extent; the transposes that only move axes of extent 1 stay views of the rows."""
     plan = StitchPlan.of_module(_compiled(case, "stitch")[1])
     assert not plan.fallbacks, str(plan)

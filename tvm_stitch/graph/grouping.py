@@ -407,7 +407,7 @@ def _merge_permuted_reads(graph: DataflowGraph, quotient: _Quotient,
                           clusters: dict[int, _Cluster]) -> None:
     """Merge each transpose that only a reduction reads, directly or through element-wise
     ops that only it reads, into that reduction first, with those ops: the reduction then
-    reads the transpose's input through it (``MixedReduction`` makes such transposes), where
+    reads the transpose's input through it (``mixed_reductions`` makes such transposes), where
     merging along edges in order would give the transpose to its producer's cluster and write
     the transposed tensor out for the reduction to read back."""
     for node in graph.nodes:
@@ -480,7 +480,7 @@ def _permuted_sink(quotient: _Quotient, clusters: dict[int, _Cluster], node) -> 
     write: no memory-intensive op reads its result (it is an output, or a matmul's
     operand), so no block of the kernel reads what it writes across the rows. A softmax over
     the middle axis of (B, T, E), rewritten as one over the rows (b, e) of a transposed view
-    (``MixedReduction``), is then one kernel writing its result back in place."""
+    (``mixed_reductions``), is then one kernel writing its result back in place."""
     return not node.consumers or all(quotient.find(c) not in clusters for c in node.consumers)
 
 

@@ -1,4 +1,4 @@
-"""MixedReduction: a reduction whose reduced axes are mixed with kept ones reduces a
+"""Mixed reductions: a reduction whose reduced axes are mixed with kept ones reduces a
 transposed view of its input instead, in which they are all trailing.
 
 The stitch schedule maps two forms of reduction: row reductions (the reduced axes trail) and
@@ -245,6 +245,10 @@ class _MixedReduction(relax.PyExprMutator):
     transposed_back: dict[relax.Var, tuple[relax.Var, list[int | None], list[int]]] = {}
     # (a sink softmax's input, its permutation) -> the view the softmax reads
     views: dict[tuple[relax.Var, tuple[int, ...]], relax.Expr] = {}
+    kept: frozenset[str] = frozenset()  # the bindings left as they are
+    site = ""  # the binding being rewritten
+    # each binding the rewrite made -> the binding it was made for
+    origins: dict[str, str] = {}
 
     def visit_function_(self, func: relax.Function) -> relax.Expr:
         """``func`` rewritten, knowing the variables it returns and the softmaxes a
@@ -257,18 +261,36 @@ class _MixedReduction(relax.PyExprMutator):
         self.views = {}
         return super().visit_function_(func)
 
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        """The binding rewritten, the bindings its rewrite makes recorded as its own."""
+        self.site = binding.var.name
+        super().visit_var_binding_(binding)
+
+    def _emit(self, expr: relax.Expr, name_hint: str) -> relax.Var:
+        """``expr`` bound to a new variable, made for the binding being rewritten."""
+        var = self.builder_.emit(expr, name_hint=name_hint)
+        self.origins[var.name] = self.site
+        return var
+
     def visit_call_(self, call: relax.Call) -> relax.Expr:
-        """The transposed form of a mixed reduction or softmax; other calls unchanged."""
+        """The transposed form of a mixed reduction or softmax; other calls, and those of
+        the bindings in ``kept``, unchanged. A binding rewritten is its own origin."""
+        if self.site in self.kept:
+            return super().visit_call_(call)
         pays = call in self.pooled or call in self.sinks
         sink = call in self.sinks
         call = super().visit_call_(call)
         if _is(call, REDUCTIONS):
-            return self._reduction(call)
-        if _is(call, _SOFTMAX):
-            return self._softmax(call, pays, sink)
-        if _is(call, _ELEMENT_WISE):
-            return self._sunk(call)
-        return call
+            result = self._reduction(call)
+        elif _is(call, _SOFTMAX):
+            result = self._softmax(call, pays, sink)
+        elif _is(call, _ELEMENT_WISE):
+            result = self._sunk(call)
+        else:
+            return call
+        if not result.same_as(call):
+            self.origins[self.site] = self.site
+        return result
 
     def _sunk(self, call: relax.Call) -> relax.Expr:
         """An element-wise op of a sink softmax's result transposed back
@@ -296,7 +318,7 @@ class _MixedReduction(relax.PyExprMutator):
             if view is None:
                 return call
             args.append(view)
-        result = self.builder_.emit(relax.Call(call.op, args, call.attrs, call.ty_args),
+        result = self._emit(relax.Call(call.op, args, call.attrs, call.ty_args),
                                     name_hint="softmax_rows")
         return self._transposed_back(result, dims, inverse)
 
@@ -311,7 +333,7 @@ class _MixedReduction(relax.PyExprMutator):
 
     def _transposed_back(self, rows: relax.Var, dims: list[int | None], inverse: list[int]
                          ) -> relax.Var:
-        back = self.builder_.emit(_permuted(rows, dims, inverse), name_hint="softmax_back")
+        back = self._emit(_permuted(rows, dims, inverse), name_hint="softmax_back")
         self.transposed_back[back] = (rows, dims, inverse)
         return back
 
@@ -335,9 +357,9 @@ class _MixedReduction(relax.PyExprMutator):
                 if len(lead) + len(shape) != len(dims):
                     return None
                 if lead:
-                    expr = self.builder_.emit(
+                    expr = self._emit(
                         relax.op.reshape(expr, lead + list(expr.ty.shape)), name_hint=name)
-                    return self.builder_.emit(_permuted(expr, lead + shape, perm),
+                    return self._emit(_permuted(expr, lead + shape, perm),
                                               name_hint=name)
                 return self._transposed(expr, shape, perm, name)
             bound = self.lookup_binding(expr) if isinstance(expr, relax.Var) else None
@@ -348,7 +370,7 @@ class _MixedReduction(relax.PyExprMutator):
             args = [pushed(a) for a in bound.args]
             if any(a is None for a in args):
                 return None
-            return self.builder_.emit(relax.Call(bound.op, args, bound.attrs), name_hint=name)
+            return self._emit(relax.Call(bound.op, args, bound.attrs), name_hint=name)
 
         if _read_through(self.lookup_binding, data, self.outputs) \
                 and _static_dims(data) == dims:
@@ -373,9 +395,9 @@ class _MixedReduction(relax.PyExprMutator):
                 return source
             if source_dims is not None \
                     and _read_through(self.lookup_binding, source, self.outputs):
-                return self.builder_.emit(_permuted(source, source_dims, composed),
+                return self._emit(_permuted(source, source_dims, composed),
                                           name_hint=name)
-        return self.builder_.emit(_permuted(data, dims, perm), name_hint=name)
+        return self._emit(_permuted(data, dims, perm), name_hint=name)
 
     def _reduction(self, call: relax.Call) -> relax.Expr:
         data = call.args[0]
@@ -393,7 +415,7 @@ class _MixedReduction(relax.PyExprMutator):
         axes = list(range(len(dims) - len(reduced), len(dims)))
         result = REDUCTIONS[call.op.name](moved, axis=axes, keepdims=False)
         if call.attrs.keepdims:
-            return relax.op.reshape(self.builder_.emit(result, name_hint="reduced"),
+            return relax.op.reshape(self._emit(result, name_hint="reduced"),
                                     call.ty.shape)
         return result  # not emitted: it stays the binding of the reduction, not an alias
 
@@ -416,13 +438,13 @@ class _MixedReduction(relax.PyExprMutator):
         if source_dims is None or None in source_dims or _trailing(dims, reduced) \
                 or not _trailing(source_dims, mapped):
             return None
-        rows = self.builder_.emit(REDUCTIONS[call.op.name](source, axis=mapped, keepdims=True),
+        rows = self._emit(REDUCTIONS[call.op.name](source, axis=mapped, keepdims=True),
                                   name_hint="reduced_rows")
         kept = [1 if a in mapped else d for a, d in enumerate(source_dims)]
         result = _permuted(rows, kept, order)
         if tvm_ffi.structural_equal(self.builder_.normalize(result).ty.shape, call.ty.shape):
             return result
-        return relax.op.reshape(self.builder_.emit(result, name_hint="reduced"),
+        return relax.op.reshape(self._emit(result, name_hint="reduced"),
                                 call.ty.shape)
 
     def _softmax(self, call: relax.Call, pays: bool, sink: bool) -> relax.Expr:
@@ -455,7 +477,7 @@ class _MixedReduction(relax.PyExprMutator):
         moved = self._view(data, dims, perm, "softmax_view")
         if moved is None:
             return call
-        result = self.builder_.emit(_SOFTMAX[call.op.name](moved, axis=-1),
+        result = self._emit(_SOFTMAX[call.op.name](moved, axis=-1),
                                     name_hint="softmax_rows")
         inverse = [perm.index(a) for a in range(len(dims))]
         if sink:  # element-wise readers apply to the rows, the transpose back after them
@@ -465,15 +487,19 @@ class _MixedReduction(relax.PyExprMutator):
         return _permuted(result, [dims[a] for a in perm], inverse)
 
 
-@tvm.transform.module_pass(opt_level=0, name="MixedReduction")
-class MixedReduction:
-    """Replace every reduction over axes mixed with kept ones, and every softmax or
-    log-softmax over a middle axis, in the module's Relax functions by the same op over a
-    transposed input."""
+def mixed_reductions(mod: IRModule, kept: frozenset[str] = frozenset()
+                     ) -> tuple[IRModule, dict[str, str]]:
+    """``mod`` with every reduction over axes mixed with kept ones, and every softmax or
+    log-softmax over a middle axis, in its Relax functions replaced by the same op over a
+    transposed input, but for the bindings named in ``kept``; and the *origin* of each
+    binding the rewrite made or changed: the name of the binding it was rewritten for (a
+    rewritten binding is its own). The stitch flow keeps the bindings whose rewritten form
+    does not stitch as they were imported (``stitch_fuse.stitch``)."""
+    mutator = _MixedReduction(mod)
+    mutator.kept = kept
+    mutator.origins = {}
+    return (rewrite_functions(mutator, mod, relax.analysis.remove_all_unused),
+            mutator.origins)
 
-    def transform_module(self, mod: IRModule, _ctx: tvm.transform.PassContext) -> IRModule:
-        """Run the pass on ``mod``."""
-        return rewrite_functions(_MixedReduction(mod), mod, relax.analysis.remove_all_unused)
 
-
-__all__ = ["MixedReduction", "reduction_permutation"]
+__all__ = ["mixed_reductions", "reduction_permutation"]

@@ -7,27 +7,21 @@ view of its input, as TVM's flow makes it in the end), ExactPower
 negative bases), UnitReduction (a sum, mean, max, min or prod over axes of extent 1 is a
 reshape: TVM's fused schedule of such a reduction applies its epilogue to the accumulator),
 StackReduction (a reduction over the axis a stack made, TVM's import of a variadic Max, Min,
-Sum or Mean, is an element-wise fold of the stacked tensors), MixedReduction (a reduction
-over axes mixed with kept ones, or a softmax over a middle axis, is the same op over a
-transposed input whose reduced axes trail), the same passes as TVM's default CUDA
-legalization (LegalizeOps, with LayerNorm's corrected two-pass mean and variance, and a
-float16 sum, mean or softmax accumulating in float32 where TVM's legalization accumulates in
-float16; AnnotateTIROpPattern, FoldConstant), then StitchFuse in place of FuseOps +
-FuseTIR, then StitchSchedule in place of dlight's ApplyDefaultSchedule.
+Sum or Mean, is an element-wise fold of the stacked tensors), then StitchFuse in place of
+FuseOps + FuseTIR (it rewrites reductions over axes mixed with kept ones, and softmaxes over
+a middle axis, into the same op over a transposed input whose reduced axes trail,
+``mixed_reduction``, where that stitches, and legalizes as TVM's default CUDA pipeline does,
+``legalization``), then StitchSchedule in place of dlight's ApplyDefaultSchedule.
 """
 
 from __future__ import annotations
 
 import tvm
-from tvm import relax
 from tvm.target import Target
 
 from ..schedule.rule import StitchSchedule
-from .corrected_layer_norm import LEGALIZATIONS
 from .exact_power import ExactPower
-from .float32_reductions import FLOAT32_LEGALIZATIONS
 from .identity_views import IdentityViews
-from .mixed_reduction import MixedReduction
 from .split_slices import SplitToSlices
 from .stack_reduction import StackReduction
 from .stitch_fuse import StitchFuse
@@ -42,10 +36,6 @@ def fusion_passes(target: Target) -> list[tvm.transform.Pass]:
         ExactPower(),
         UnitReduction(),
         StackReduction(),
-        MixedReduction(),
-        relax.transform.LegalizeOps({**LEGALIZATIONS, **FLOAT32_LEGALIZATIONS}),
-        relax.transform.AnnotateTIROpPattern(),
-        relax.transform.FoldConstant(),
         StitchFuse(target),
         StitchSchedule(target),
     ]

@@ -40,6 +40,8 @@ from ..schedule.rows import CrossRowRead, Unstitchable, error_summary
 from ..schedule.rule import contraction_rules, is_scheduled, pads_matmul, schedule_func
 from ..symbolic import declared_bounds, with_bounds, yardstick_sizes
 from .corrected_layer_norm import plain_layer_norms
+from .legalization import legalize
+from .mixed_reduction import mixed_reductions
 from .outline import outline
 from .rewrite import without_aliases
 from .unwrap_indices import unwrap_indices
@@ -75,18 +77,21 @@ class StitchFuse:
 def stitch(mod: IRModule, target: Target | None = None) -> tuple[IRModule, StitchPlan]:
     """``mod`` with its stitched groups fused and every other op fused by TVM, and the plan.
 
+    ``mod`` is rewritten (``mixed_reduction``) and legalized (``legalization``) first, as
+    ``_stitch_kept`` says; a module already legalized stays as it is.
+
     An unexpected error while grouping (a bug of ours, an IR we do not know) gives up
     stitching for the module, with a note in the plan, rather than breaking the compile.
     """
     if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
-        return _tvm_fusion(mod), StitchPlan(notes=("no main function: TVM's fusion only",))
-    mod = without_aliases(mod)
+        return _tvm_fusion(legalize(mod)), StitchPlan(
+            notes=("no main function: TVM's fusion only",))
     try:
         with remembering():
-            fused, groups, draft, failed, notes = _stitch_rounds(mod, target)
+            fused, groups, draft, failed, notes = _stitch_kept(mod, target)
     except Exception as err:  # noqa: BLE001 - never worse than TVM's own fusion
         logger.warning("stitching gave up: %s", err)
-        fused, groups, draft, failed = mod, [], Draft([]), []
+        fused, groups, draft, failed = legalize(mod), [], Draft([]), []
         notes = (f"stitching gave up ({type(err).__name__}: {error_summary(err)}): "
                  "TVM's fusion only",)
     for g in groups:
@@ -103,7 +108,50 @@ def stitch(mod: IRModule, target: Target | None = None) -> tuple[IRModule, Stitc
     return plan.attach(fused), plan
 
 
-def _stitch_rounds(mod: IRModule, target: Target | None
+def _stitch_kept(mod: IRModule, target: Target | None
+                 ) -> tuple[IRModule, list[Group], Draft, list[Fallback], tuple[str, ...]]:
+    """``_stitch_rounds`` of ``mod`` with its reductions over axes mixed with kept ones, and
+    its softmaxes over a middle axis, rewritten over transposed inputs
+    (``mixed_reductions``) but for those whose transposed form does not stitch: an op of it
+    (not a view) falls back, or its groups need more kernels than TVM's fusion of the op as
+    imported (the yardstick measures TVM's fusion of ``mod`` as imported). Those are kept as
+    imported, and the module stitched again: their transposes would be kernels of their own,
+    or cut a reduction off the epilogue TVM fuses into it (fuzz graphs 12021:400, a softmax
+    over a middle axis of a broadcast, 3 kernels for TVM's 1; 12021:332, a mean over a
+    middle axis read back by a select, 2 for 1). From the second time on, every rewritten
+    op is kept. The plan's notes name the ops kept."""
+    kept: frozenset[str] = frozenset()
+    notes: tuple[str, ...] = ()
+    reference = None
+    while True:
+        rewritten, origins = mixed_reductions(mod, kept)
+        legal = without_aliases(legalize(rewritten))
+        if origins and reference is None:
+            reference = without_aliases(legalize(mod))
+        fused, groups, draft, failed, more = _stitch_rounds(
+            legal, target, (reference, origins) if origins else None)
+        unstitched = _unstitched_sites(draft.fallbacks + failed, origins)
+        if not unstitched:
+            return fused, groups, draft, failed, notes + more
+        notes += ("kept as imported, their transposed forms not stitched: "
+                  + ", ".join(sorted(unstitched)),)
+        kept |= unstitched if not kept else frozenset(origins.values())
+
+
+def _unstitched_sites(fallbacks: list[Fallback], origins: dict[str, str]) -> frozenset[str]:
+    """The bindings rewritten by ``mixed_reductions`` (``origins``) an op of which, not a
+    view, falls back."""
+    return frozenset(origins[name] for f in fallbacks for name, _, callee in
+                     (op.partition(":") for op in f.ops)
+                     if name in origins and callee not in _VIEWS)
+
+
+_VIEWS = frozenset({"reshape"})
+"""Ops that TVM makes views, which launch nothing (``RewriteDataflowReshape``)."""
+
+
+def _stitch_rounds(mod: IRModule, target: Target | None,
+                   reference: tuple[IRModule, dict[str, str]] | None = None
                    ) -> tuple[IRModule, list[Group], Draft, list[Fallback], tuple[str, ...]]:
     """Group, fuse and decide until every group can be stitched: a group that cannot sends
     its ops back to TVM with the reason, and the others are grouped again without them. A
@@ -112,14 +160,19 @@ def _stitch_rounds(mod: IRModule, target: Target | None
     whole (it cannot be scheduled, or it moves more bytes than TVM's kernels of its ops or is
     slower) is grouped again in pieces where a result is broadcast (``_broadcast_cut``)
     before it falls back. Stitched groups that need more kernels than TVM's fusion runs
-    their ops in (``Yardstick.extra_kernels``) fall back."""
+    their ops in (``Yardstick.extra_kernels``) fall back. The yardstick measures TVM's
+    fusion of ``mod``, or of the module ``reference`` gives, whose ops the bindings of
+    ``mod`` it names (binding -> binding in the reference) were made for."""
     excluded: dict[str, str] = {}
     failed: list[Fallback] = []
     apart: frozenset[str] = frozenset()
     cuts: frozenset[tuple[str, str]] = frozenset()
     limits, unscheduled, parted = Limits(), [], []
     fusion = tvm_fusion_groups(plain_layer_norms(mod))
-    yardstick = Yardstick(fusion, target) if target is not None else None
+    yardstick = None
+    if target is not None:
+        yardstick = Yardstick(fusion, target) if reference is None else Yardstick(
+            tvm_fusion_groups(plain_layer_norms(reference[0])), target, reference[1])
     for _ in range(MAX_ROUNDS):
         draft = draft_plan(mod, excluded, fusion.groups,
                            absorb=None if target is None else limits, apart=apart, cuts=cuts)

@@ -43,10 +43,19 @@ estimated: the roofline model ranks, it does not predict to a few percent."""
 
 
 class Yardstick:
-    """TVM's fusion of a module (``tvm_fusion``) as the measure of its stitched groups."""
+    """TVM's fusion of a module (``tvm_fusion``) as the measure of its stitched groups.
 
-    def __init__(self, fusion: TVMFusion, target: Target) -> None:
+    ``origins``, when given, says that the stitched module was rewritten from the measured
+    one: its bindings named there were made for the op of the measured module's binding
+    of the name given (``mixed_reduction.mixed_reductions``); the others have the same
+    names in both."""
+
+    def __init__(self, fusion: TVMFusion, target: Target,
+                 origins: dict[str, str] | None = None) -> None:
         self._fusion = fusion
+        self._origins = origins
+        self._named = {v.name: v for g in fusion.groups for v in g.members} \
+            if origins is not None else {}
         self._target = target
         self._fused_tir = None
         self._lowered: dict[str, LoweredFunc | None] = {}
@@ -100,6 +109,7 @@ class Yardstick:
         indices in ``groups`` of each such set, and why. A per-group yardstick cannot see
         this: each group alone shares a kernel of TVM's with ops outside it (an expand
         grouped apart from the reduction that TVM fuses it with, fuzz graph 10007:230)."""
+        groups = [self._measured(members) for members in groups]
         root = list(range(len(groups) + len(self._fusion.groups)))
 
         def find(i: int) -> int:
@@ -130,10 +140,18 @@ class Yardstick:
 
     def _covering(self, members: frozenset[relax.Var]) -> list | None:
         """TVM's fusion groups of the ops ``members``; None when one also has other ops."""
+        members = self._measured(members)
         covering = [g for g in self._fusion.groups if g.members & members]
         if not covering or any(not g.members <= members for g in covering):
             return None
         return covering
+
+    def _measured(self, members: frozenset[relax.Var]) -> frozenset[relax.Var]:
+        """The bindings of the measured module that ``members`` stand for."""
+        if self._origins is None:
+            return members
+        return frozenset(self._named.get(self._origins.get(v.name, v.name), v)
+                         for v in members)
 
     def _kernel_bytes(self, function: str, sizes: dict[str, int] | None) -> int | None:
         lowered, at = self._lowered_kernel(function, sizes)
