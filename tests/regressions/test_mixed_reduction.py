@@ -361,3 +361,18 @@ def test_a_middle_mean_read_back_by_a_select_is_kept_as_imported() -> None:
                   {"axes": np.array([1], np.int64), "half": np.array(0.5, np.float32),
                    "fill": np.array(1.5, np.float32)})
     _kept_as_imported(built)
+
+
+def test_a_middle_minimum_before_a_layer_norm_is_kept_as_imported_at_model_width() -> None:
+    # fuzz graph 12023:24: a float16 ReduceMin over the channels of (8, 64, 56, 56), then a
+    # LayerNormalization over all of the result. Transposed, the minimum fell back and left
+    # its transpose a kernel of its own: 3 kernels and 16.4 MB where TVM's flow takes 2 and
+    # 10.0 MB. Kept as imported, the minimum is TVM's kernel and the LayerNorm stitches
+    # (at (8, 64, 28, 28) the transposed minimum stitches with the LayerNorm: one kernel)
+    out = [8, 1, 56, 56]
+    nodes = [helper.make_node("ReduceMin", ["x", "axes"], ["m"], keepdims=1),
+             helper.make_node("LayerNormalization", ["m", "g", "b"], ["y"], axis=0)]
+    built = model(nodes, {"x": [8, 64, 56, 56]}, {"y": out},
+                  {"axes": np.array([1], np.int64), "g": np.ones(out, np.float16),
+                   "b": np.zeros(out, np.float16)}, elem_type=TensorProto.FLOAT16)
+    _kept_as_imported(built)
