@@ -32,6 +32,7 @@ CURATED = (
     "test_softmax_large_number", "test_logsoftmax_axis_1", "test_softmax_example_expanded",
     "test_layer_normalization_3d_axis1_epsilon", "test_rms_normalization_3d_axis2_epsilon",
     "test_group_normalization_example", "test_batchnorm_example", "test_mvn",
+    "test_batchnorm_example_training_mode",
     # data movement
     "test_reshape_reordered_all_dims", "test_transpose_all_permutations_1",
     "test_expand_dim_changed", "test_flatten_axis1", "test_concat_2d_axis_0", "test_slice",

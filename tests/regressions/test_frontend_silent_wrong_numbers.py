@@ -1,7 +1,7 @@
 """Attributes TVM's ONNX importer ignores, so both flows compute different numbers than ONNX
-specifies, silently. The front end should refuse these (a ModelError naming the node) until the
-importer handles them. Found by ONNX's node tests (each case's name is given); the node-test
-runner lists them as skipped ("TVM's baseline flow gets the same case wrong").
+specifies, silently. The front end refuses these (a ModelError naming the node) or rewrites the
+node into ops the importer gets right (a BatchNormalization in training mode,
+``frontend.outputs``). Found by ONNX's node tests (each case's name is given).
 Owner: frontend/onnx.py."""
 
 from __future__ import annotations

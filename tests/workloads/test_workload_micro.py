@@ -12,7 +12,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from tvm_stitch import workloads
-from tvm_stitch.workloads.micro import ADAM, EPS, MASKED
+from tvm_stitch.workloads.micro import ADAM, BN_MOMENTUM, EPS, MASKED
 
 Arrays = dict[str, np.ndarray]
 
@@ -61,6 +61,15 @@ def _batchnorm(f: Arrays, w: Arrays) -> list[np.ndarray]:
     return [(x - mean) / np.sqrt(var + EPS) * w["gamma"] + w["beta"], mean, var]
 
 
+def _batchnorm_nchw(f: Arrays, w: Arrays) -> list[np.ndarray]:
+    x, channel = f["x"], (1, -1, 1, 1)
+    mean, var = x.mean((0, 2, 3)), x.var((0, 2, 3))
+    y = (x - mean.reshape(channel)) / np.sqrt(var.reshape(channel) + EPS)
+    y = y * w["gamma"].reshape(channel) + w["beta"].reshape(channel)
+    m = BN_MOMENTUM
+    return [np.maximum(y, 0), w["mean"] * m + mean * (1 - m), w["var"] * m + var * (1 - m)]
+
+
 def _adam(f: Arrays) -> list[np.ndarray]:
     b1, b2, t = ADAM["beta1"], ADAM["beta2"], ADAM["step"]
     m = b1 * f["m"] + (1 - b1) * f["grad"]
@@ -94,6 +103,7 @@ REFERENCES: dict[str, Callable[[Arrays, Arrays], list[np.ndarray]]] = {
     "cross_entropy_128256": lambda f, w: [np.asarray(_nll(f))],
     "layernorm_backward": lambda f, w: _layernorm_backward(f),
     "batchnorm_train": _batchnorm,
+    "batchnorm_nchw_train": _batchnorm_nchw,
     "adam_update": lambda f, w: _adam(f),
     "rowreduce_750000x32": lambda f, w: [f["x"].sum(-1)],
     "softmax_64x30000": lambda f, w: [_softmax(f["x"])],

@@ -18,7 +18,7 @@ from tvm_stitch.workloads.inputs import get_metadata, input_dists, set_input_dis
 MICRO = [
     "softmax", "layer_norm", "add_layer_norm", "rms_norm", "bias_gelu", "scale_mask_softmax",
     "layernorm_softmax_add", "logsoftmax_nll", "cross_entropy_128256", "layernorm_backward",
-    "batchnorm_train",
+    "batchnorm_train", "batchnorm_nchw_train",
     "adam_update", "rowreduce_750000x32", "softmax_64x30000", "colsum_8192x1024",
     "group_norm_silu",
 ]

@@ -45,7 +45,6 @@ SUPPORTED_ELEM_TYPES = {
 IGNORED_ATTRIBUTES = {
     ("IsInf", "detect_positive"): 1,
     ("IsInf", "detect_negative"): 1,
-    ("BatchNormalization", "training_mode"): 0,
 }
 
 # Ops whose TVM 0.27 converter implements something else under the same name.

@@ -3,8 +3,10 @@
 TVM 0.27's ONNX importer returns some outputs as placeholders: LayerNormalization's Mean and
 InvStdDev are the constant 0 (torch's exporter emits both in every autograd graph, so training
 graphs got wrong gradients, silently), and a MaxPool's Indices or an inference Dropout's mask
-are not what ONNX specifies. ``MULTI_OUTPUT_OPS`` says, for every ONNX op with more than one
-output that TVM's importer converts, what becomes of each output after the first:
+are not what ONNX specifies. A BatchNormalization in training mode it imports as one in
+inference mode: normalised with the running statistics given, which it returns unchanged.
+``MULTI_OUTPUT_OPS`` says, for every ONNX op with more than one output that TVM's importer
+converts, what becomes of each output after the first:
 
 - ``IMPORTED``: TVM's importer computes it (checked against onnxruntime in the tests);
 - ``REWRITTEN``: we rewrite the node before the importer sees it (``rewrite``), computing the
@@ -12,7 +14,8 @@ output that TVM's importer converts, what becomes of each output after the first
 - ``REFUSED``: a model that reads it fails with a ModelError naming the node and the output.
 
 An output a model does not read (an empty name, or one no node or graph output uses) is
-never a problem: TVM's placeholder is then dead code.
+never a problem: TVM's placeholder is then dead code. (A BatchNormalization in training mode
+is rewritten whatever the model reads of it: its Y would be wrong too.)
 """
 
 from __future__ import annotations
@@ -42,9 +45,9 @@ MULTI_OUTPUT_OPS: dict[str, tuple[OutputHandling, str]] = {
     "TopK": (OutputHandling.IMPORTED, "Values and Indices"),
     "Unique": (OutputHandling.IMPORTED, "Y, indices, inverse_indices and counts"),
     "DynamicQuantizeLinear": (OutputHandling.IMPORTED, "y_scale and y_zero_point"),
-    "BatchNormalization": (OutputHandling.REFUSED,
-                           "running_mean and running_var exist in training mode only, which "
-                           "TVM's importer ignores (refused by its attribute)"),
+    "BatchNormalization": (OutputHandling.REWRITTEN,
+                           "running_mean and running_var, in training mode (opset 14 on), "
+                           "where Y too is rewritten: TVM's importer ignores the mode"),
     "MaxPool": (OutputHandling.REFUSED, "Indices (TVM's importer does not compute them)"),
     "Attention": (OutputHandling.REFUSED,
                   "the op itself is refused: TVM's converter of this name is com.microsoft's "
@@ -63,6 +66,7 @@ class _Context:
     """What a rewrite may need of the model, and the initializers it adds."""
 
     ranks: dict[str, int]
+    types: dict[str, int]
     opset: int
     added: list[onnx.TensorProto] = field(default_factory=list)
 
@@ -78,12 +82,12 @@ def rewrite(model: onnx.ModelProto) -> onnx.ModelProto:
     refused, or a node whose rewrite needs facts the model does not give (an unknown rank)."""
     used = _used_names(model.graph)
     needs = [(i, n) for i, n in enumerate(model.graph.node)
-             if any(o and o in used for o in n.output[1:])]
+             if any(o and o in used for o in n.output[1:]) or _training(n)]
     if not needs:
         return model
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    ctx = _Context(_ranks(out),
+    ctx = _Context(*_ranks_and_types(out),
                    next((o.version for o in out.opset_import if o.domain in ("", "ai.onnx")), 0))
     nodes: list[onnx.NodeProto] = []
     at = dict(needs)
@@ -116,16 +120,26 @@ def _used_names(graph: onnx.GraphProto) -> set[str]:
     return used | {v.name for v in graph.output}
 
 
-def _ranks(model: onnx.ModelProto) -> dict[str, int]:
+def _training(node: onnx.NodeProto) -> bool:
+    """Whether ``node`` is a BatchNormalization in training mode."""
+    return node.op_type == "BatchNormalization" and any(
+        a.name == "training_mode" and helper.get_attribute_value(a) for a in node.attribute)
+
+
+def _ranks_and_types(model: onnx.ModelProto) -> tuple[dict[str, int], dict[str, int]]:
+    """The rank and the element type of each value of ``model`` whose shape inference
+    knows them."""
     inferred = onnx.shape_inference.infer_shapes(model)
-    ranks = {}
+    ranks, types = {}, {}
     values = [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]
     for value in values:
         tensor = value.type.tensor_type
+        types[value.name] = tensor.elem_type
         if tensor.HasField("shape"):
             ranks[value.name] = len(tensor.shape.dim)
     ranks.update({t.name: len(t.dims) for t in model.graph.initializer})
-    return ranks
+    types.update({t.name: t.data_type for t in model.graph.initializer})
+    return ranks, types
 
 
 def _layer_norm_statistics(node: onnx.NodeProto, label: str, ctx: _Context
@@ -183,7 +197,74 @@ def _dropout_mask(node: onnx.NodeProto, label: str, ctx: _Context) -> list[onnx.
     ]
 
 
+def _batch_norm_training(node: onnx.NodeProto, label: str, ctx: _Context
+                         ) -> list[onnx.NodeProto]:
+    """ONNX's formulas for a BatchNormalization in training mode: the mean and the
+    (population) variance of X over every axis but the channels' (axis 1), Y normalised by
+    them, times scale, plus B; running_mean and running_var the given ones times momentum
+    plus the batch's times 1 - momentum. Float16 statistics are computed in float32."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    x = node.input[0]
+    if not _training(node):
+        raise OutputError(f"{label}: outputs {list(node.output[1:])} are not supported "
+                          "without training_mode=1 (opset 14 on)")
+    if x not in ctx.ranks or ctx.ranks[x] < 2:
+        raise OutputError(f"{label}: the rank of input {x!r} is unknown or below 2, needed "
+                          "for its statistics over every axis but the channels'")
+    rank, dtype = ctx.ranks[x], ctx.types.get(x, onnx.TensorProto.FLOAT)
+    work = onnx.TensorProto.FLOAT if dtype == onnx.TensorProto.FLOAT16 else dtype
+    np_work = helper.tensor_dtype_to_np_dtype(work)
+    momentum = attrs.get("momentum", 0.9)
+    stem = f"{node.name or node.output[0]}__train"
+    name = iter(f"{stem}_{k}" for k in range(1000))
+    axes = [0, *range(2, rank)]
+    nodes: list[onnx.NodeProto] = []
+
+    def emit(op: str, inputs: list[str], output: str | None = None, **kw) -> str:
+        output = output or next(name)
+        nodes.append(helper.make_node(op, inputs, [output], **kw))
+        return output
+
+    def cast(value: str, of: int, to: int, output: str | None = None) -> str:
+        return value if of == to and output is None else emit("Cast", [value], output, to=to)
+
+    def mean(value: str) -> str:
+        if ctx.opset >= 18:
+            return emit("ReduceMean", [value, ctx.constant(next(name), np.asarray(
+                axes, np.int64))], keepdims=1)
+        return emit("ReduceMean", [value], axes=axes, keepdims=1)
+
+    def per_channel(value: str) -> str:  # (C,) broadcast along X's other axes
+        shape = ctx.constant(next(name), np.asarray([-1] + [1] * (rank - 2), np.int64))
+        return emit("Reshape", [cast(value, ctx.types.get(value, work), work), shape])
+
+    xs = cast(x, dtype, work)
+    batch_mean = mean(xs)
+    centred = emit("Sub", [xs, batch_mean])
+    batch_var = mean(emit("Mul", [centred, centred]))
+    eps = ctx.constant(next(name), np.asarray(attrs.get("epsilon", 1e-5), np_work))
+    std = emit("Sqrt", [emit("Add", [batch_var, eps])])
+    scaled = emit("Mul", [emit("Div", [centred, std]), per_channel(node.input[1])])
+    if work == dtype:
+        emit("Add", [scaled, per_channel(node.input[2])], node.output[0])
+    else:
+        cast(emit("Add", [scaled, per_channel(node.input[2])]), work, dtype, node.output[0])
+    flat = ctx.constant(next(name), np.asarray([-1], np.int64))
+    for given, batch, out in zip(node.input[3:5], (batch_mean, batch_var),
+                                 node.output[1:3], strict=False):
+        if not out:
+            continue
+        kind = ctx.types.get(given, work)
+        np_kind = helper.tensor_dtype_to_np_dtype(kind)
+        kept = emit("Mul", [given, ctx.constant(next(name), np.asarray(momentum, np_kind))])
+        new = emit("Mul", [cast(emit("Reshape", [batch, flat]), work, kind),
+                           ctx.constant(next(name), np.asarray(1 - momentum, np_kind))])
+        emit("Add", [kept, new], out)
+    return nodes
+
+
 _REWRITERS: dict[str, Callable[[onnx.NodeProto, str, _Context], list[onnx.NodeProto]]] = {
     "LayerNormalization": _layer_norm_statistics,
+    "BatchNormalization": _batch_norm_training,
     "Dropout": _dropout_mask,
 }

@@ -161,6 +161,28 @@ def batchnorm_train(shape: Sequence[int]) -> onnx.ModelProto:
     return b.model([y, mean, var], batchnorm_train.__doc__)
 
 
+BN_MOMENTUM = 0.9
+
+
+def batchnorm_nchw_train(shape: Sequence[int]) -> onnx.ModelProto:
+    """A conv net's batch-norm training step over (B, C, H, W), as torch exports it: a
+    BatchNormalization in training mode (the batch's mean and variance over every axis but
+    the channels', the running statistics updated with momentum ``BN_MOMENTUM``), then ReLU.
+    Outputs ``y``, ``running_mean``, ``running_var``."""
+    b = GraphBuilder("batchnorm_nchw_train")
+    x = b.input("x", shape)
+    channels = (shape[1],)
+    gamma = b.weight("gamma", channels, mean=1.0, std=0.1)
+    beta = b.weight("beta", channels, std=0.1)
+    mean = b.weight("mean", channels, std=0.1)
+    var = b.constant(b.rng.uniform(0.5, 1.5, channels), "var")
+    normed, running_mean, running_var = b.op(
+        "BatchNormalization", x, gamma, beta, mean, var, epsilon=EPS, momentum=BN_MOMENTUM,
+        training_mode=1, outputs=["normed", "running_mean", "running_var"])
+    y = b.op("Relu", normed, outputs=["y"])
+    return b.model([y, running_mean, running_var], batchnorm_nchw_train.__doc__)
+
+
 ADAM = {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "step": 10}
 
 
@@ -248,6 +270,9 @@ _register("layernorm_backward", layernorm_backward, (64, 256), (8192, 768),
           "LayerNorm backward: dx (row reductions), dgamma and dbeta (column reductions)")
 _register("batchnorm_train", batchnorm_train, (256, 128), (16384, 1024),
           "Batch-norm training statistics (column reductions) and normalisation")
+_register("batchnorm_nchw_train", batchnorm_nchw_train, (8, 32, 14, 14), (32, 64, 56, 56),
+          "Batch-norm training step of a conv net over (B, C, H, W) (training-mode "
+          "BatchNormalization: statistics over mixed axes), then ReLU")
 _register("adam_update", adam_update, (32, 1024), (4096, 4096),
           "Adam optimizer step: 4 inputs, 3 outputs, element-wise only")
 _register("rowreduce_750000x32", row_sum, (2000, 32), (750000, 32),
