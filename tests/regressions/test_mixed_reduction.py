@@ -18,13 +18,15 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 from regression_models import global_bytes, model
+from tvm import relax
 
 from tvm_stitch import verify
 from tvm_stitch.analysis import analyze
+from tvm_stitch.frontend.onnx import import_model
 from tvm_stitch.graph.grouping import NOTHING_TO_STITCH
 from tvm_stitch.plan import MappingKind, StitchPlan
 from tvm_stitch.testing.differential import check_model
-from tvm_stitch.transform.mixed_reduction import reduction_permutation
+from tvm_stitch.transform.mixed_reduction import mixed_reductions, reduction_permutation
 
 
 def test_only_mixed_axes_are_permuted() -> None:
@@ -376,3 +378,23 @@ def test_a_middle_minimum_before_a_layer_norm_is_kept_as_imported_at_model_width
                   {"axes": np.array([1], np.int64), "g": np.ones(out, np.float16),
                    "b": np.zeros(out, np.float16)}, elem_type=TensorProto.FLOAT16)
     _kept_as_imported(built)
+
+
+def test_the_rewrite_records_origins_and_keeps_what_it_is_told() -> None:
+    # the made bindings name the op they stand for, which the yardstick measures as
+    # imported; a binding in ``kept`` is left as it is
+    nodes = [helper.make_node("ReduceMean", ["x", "axes"], ["a"], keepdims=1),
+             helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("ReduceMax", ["r", "axes"], ["b"], keepdims=1)]
+    built = model(nodes, {"x": [4, 8, 16]}, {"a": [4, 1, 16], "b": [4, 1, 16]},
+                  {"axes": np.array([1], np.int64)})
+    mod = import_model(built)
+    _, origins = mixed_reductions(mod)
+    sites = sorted(set(origins.values()))
+    assert len(sites) == 2 and all(origins[s] == s for s in sites), origins
+    assert len(origins) > 2  # the views and the reductions made for them
+    rewritten, kept_origins = mixed_reductions(mod, frozenset(sites[:1]))
+    assert set(kept_origins.values()) == set(sites[1:]), kept_origins
+    calls = [b.value.op.name for b in rewritten["main"].body.blocks[0].bindings
+             if isinstance(b.value, relax.Call)]
+    assert calls.count("relax.permute_dims") == 1, calls
