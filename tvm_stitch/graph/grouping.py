@@ -460,9 +460,14 @@ def _merge_along_edges(graph: DataflowGraph, quotient: _Quotient,
                         or (graph.nodes[p].name, node.name) in cuts:
                     continue
                 sink = False
-                if node.info.copy is Copy.PERMUTED and clusters[a].rows is not None:
-                    # a transpose of the innermost axis writes across the rows: only as the
-                    # last op of the kernel, a permuted write (``row_permutation``)
+                if clusters[a].rows is not None and (
+                        node.info.copy is Copy.PERMUTED or (
+                            node.info.copy is Copy.ROWS and clusters[b].row_counts is not None
+                            and clusters[a].rows not in clusters[b].row_counts)):
+                    # a transpose of the innermost axis, or one that moves runs shorter
+                    # than the rows (the channels of (C, N, H, W) back to (N, C, H, W)),
+                    # writes across the rows: only as the last op of the kernel, a permuted
+                    # write (``row_permutation``)
                     if not _permuted_sink(quotient, clusters, node):
                         continue
                     sink = True
@@ -480,7 +485,9 @@ def _permuted_sink(quotient: _Quotient, clusters: dict[int, _Cluster], node) -> 
     write: no memory-intensive op reads its result (it is an output, or a matmul's
     operand), so no block of the kernel reads what it writes across the rows. A softmax over
     the middle axis of (B, T, E), rewritten as one over the rows (b, e) of a transposed view
-    (``mixed_reductions``), is then one kernel writing its result back in place."""
+    (``mixed_reductions``), is then one kernel writing its result back in place; so is a batch
+    norm over the channels of a (C, N, H, W) view of its (N, C, H, W) input, its result
+    transposed back."""
     return not node.consumers or all(quotient.find(c) not in clusters for c in node.consumers)
 
 
