@@ -364,6 +364,10 @@ def output_sizes(graph: DataflowGraph, members: int) -> set[int]:
     return sizes
 
 
+CANNOT_SPLIT = "an op cannot be split into"
+"""Why a merge is refused when an op's output does not split into the cluster's rows."""
+
+
 def _merge(quotient: _Quotient, a: _Cluster, b: _Cluster, ua: int, ub: int,
            sink: bool = False) -> tuple[_Cluster | None, str]:
     """Clusters ``a`` (unit ``ua``) and ``b`` (unit ``ub``) merged, or None and why not.
@@ -382,7 +386,7 @@ def _merge(quotient: _Quotient, a: _Cluster, b: _Cluster, ua: int, ub: int,
             return None, "element-wise outputs of different sizes"
     elif counts is not None and rows not in counts and not (
             (a.splits_a_dim or b.splits_a_dim) and (split is None or rows in split)):
-        return None, f"an op cannot be split into {rows} rows"
+        return None, f"{CANNOT_SPLIT} {rows} rows"
     for x, y in ((ua, ub), (ub, ua)):
         through = quotient.detour(x, y)
         if through is not None:
@@ -460,18 +464,18 @@ def _merge_along_edges(graph: DataflowGraph, quotient: _Quotient,
                         or (graph.nodes[p].name, node.name) in cuts:
                     continue
                 sink = False
-                if clusters[a].rows is not None and (
-                        node.info.copy is Copy.PERMUTED or (
-                            node.info.copy is Copy.ROWS and clusters[b].row_counts is not None
-                            and clusters[a].rows not in clusters[b].row_counts)):
-                    # a transpose of the innermost axis, or one that moves runs shorter
-                    # than the rows (the channels of (C, N, H, W) back to (N, C, H, W)),
-                    # writes across the rows: only as the last op of the kernel, a permuted
-                    # write (``row_permutation``)
+                if node.info.copy is Copy.PERMUTED and clusters[a].rows is not None:
+                    # a transpose of the innermost axis writes across the rows: only as the
+                    # last op of the kernel, a permuted write (``row_permutation``)
                     if not _permuted_sink(quotient, clusters, node):
                         continue
                     sink = True
                 why = _try_merge(quotient, clusters, a, b, sink)
+                if why.startswith(CANNOT_SPLIT) and node.info.copy is Copy.ROWS \
+                        and _permuted_sink(quotient, clusters, node):
+                    # so does one that moves runs shorter than the rows (the channels of
+                    # (C, N, H, W) back to (N, C, H, W))
+                    why = _try_merge(quotient, clusters, a, b, True)
                 if not why:
                     changed = True
                 elif why.startswith("cycle"):

@@ -166,13 +166,17 @@ _COMPUTE = frozenset({"relax.matmul", "relax.nn.conv1d", "relax.nn.conv2d", "rel
 """Ops whose kernels are not stitched: a transpose that only they read is no op's row."""
 
 
-def _sink_softmaxes(func: relax.Function) -> set[relax.Call]:
-    """The softmax calls of ``func`` whose result no memory-intensive op reads but
-    element-wise ops whose other operands are scalars or read through a transpose
+def _sinks(func: relax.Function, reductions: bool) -> set[relax.Call]:
+    """The softmax calls of ``func``, and with ``reductions`` its reductions over axes mixed
+    with kept ones that keep their dimensions, whose result no memory-intensive op reads
+    but element-wise ops whose other operands are scalars or read through a transpose
     (``_sinkable``), at most ``MAX_PUSHED`` of them in a chain (it is returned, or read by
-    matmuls only, in the end): transposed back after those ops (``_MixedReduction._sunk``),
-    the transpose is the last op of the softmax's kernel, written in place
-    (``grouping._permuted_sink``)."""
+    matmuls only, in the end; a reduction's result may also be reshaped, and read by a
+    reduction over the same axes): transposed back after those ops
+    (``_MixedReduction._sunk``), the transpose is the last op of the kernel, written in
+    place (``grouping._permuted_sink``). A batch norm over (N, C, H, W) is then one kernel
+    over the channels' rows of a (C, N, H, W) view, where the statistics and the
+    normalisation were two."""
     bound = _bound(func)
     outputs = _function_outputs(func)
     read: dict[relax.Var, list[relax.Expr]] = {}
@@ -183,39 +187,88 @@ def _sink_softmaxes(func: relax.Function) -> set[relax.Call]:
             if isinstance(arg, relax.Var):
                 read.setdefault(arg, []).append(value)
     var_of = {v: k for k, v in bound.items() if isinstance(v, relax.Call)}
+    # what the chains of candidate sinks make: each is transposed back by the time an
+    # element-wise op of two chains (a centred input over its deviation) is rewritten
+    chained = {var for var, value in bound.items() if isinstance(value, relax.Call) and (
+        _is(value, _SOFTMAX) or (reductions and _mixed(value) is not None))}
+    frontier = list(chained)
+    while frontier:
+        for user in read.get(frontier.pop(), []):
+            if user in var_of and _is(user, _ELEMENT_WISE) and var_of[user] not in chained:
+                chained.add(var_of[user])
+                frontier.append(var_of[user])
 
-    def sinks(var: relax.Var, budget: int) -> bool:
+    def sinks(var: relax.Var, budget: int, axes: list[int] | None, reduced: bool) -> bool:
         return all(isinstance(user, relax.Tuple | relax.Var)
                    or (isinstance(user, relax.Call) and _is(user, _COMPUTE))
+                   or (reduced and isinstance(user, relax.Call)
+                       and _is(user, {"relax.reshape": None}))
+                   or (axes is not None and isinstance(user, relax.Call)
+                       and _mixed(user) == axes)
                    or (budget > 0 and user in var_of
-                       and _sinkable(user, var, bound.get, outputs)
-                       and sinks(var_of[user], budget - 1))
+                       and _sinkable(user, var, bound.get, outputs, chained)
+                       and sinks(var_of[user], budget - 1, axes, False))
                    for user in read.get(var, []))
 
-    return {value for var, value in bound.items()
-            if isinstance(value, relax.Call) and _is(value, _SOFTMAX)
-            and sinks(var, MAX_PUSHED)}
+    found = set()
+    for var, value in bound.items():
+        if not isinstance(value, relax.Call):
+            continue
+        if _is(value, _SOFTMAX) and sinks(var, MAX_PUSHED, None, False):
+            found.add(value)
+        axes = _mixed(value) if reductions else None
+        if axes is not None and value.attrs.keepdims and sinks(var, MAX_PUSHED, axes, True):
+            found.add(value)
+    return found
+
+
+def _mixed(call: relax.Call) -> list[int] | None:
+    """The axes a reduction reduces, where they are mixed with kept ones
+    (``reduction_permutation``); None for any other call."""
+    if not _is(call, REDUCTIONS):
+        return None
+    dims, reduced = _static_dims(call.args[0]), reduced_axes(call)
+    if dims is None or reduced is None or reduction_permutation(dims, reduced) is None:
+        return None
+    return reduced
 
 
 def _sinkable(expr: relax.Expr, var: relax.Var,
               lookup: Callable[[relax.Var], relax.Expr | None],
-              outputs: list[relax.Var]) -> bool:
-    """Whether ``expr`` is an element-wise call of ``var`` of ``var``'s shape that applies
-    alike to the elements of a transposed view of ``var``: its other operands are scalars,
-    or tensors read through a transpose at no cost (``_read_through``): a column softmax
-    plus its input, say."""
+              outputs: list[relax.Var], chained: frozenset | set = frozenset()) -> bool:
+    """Whether ``expr`` is an element-wise call of ``var`` of ``var``'s shape, or of a shape
+    ``var`` broadcasts to along its axes of extent 1, that applies alike to the elements of
+    a transposed view of ``var``: its other operands are scalars, or tensors read through
+    a transpose at no cost (``_read_through``): a column softmax plus its input, or an input
+    less its mean over mixed axes, say."""
     if not (isinstance(expr, relax.Call) and _is(expr, _ELEMENT_WISE)):
         return False
-    dims = _static_dims(var)
-    if dims is None or None in dims or _static_dims(expr) != dims:
+    dims, out = _static_dims(var), _static_dims(expr)
+    if dims is None or out is None or None in dims or None in out or len(out) != len(dims) \
+            or any(d not in (1, o) for d, o in zip(dims, out, strict=True)):
         return False
+    dims = out
     for arg in expr.args:
         shape = _static_dims(arg)
-        if arg.same_as(var) or shape == []:
+        if arg.same_as(var) or shape == [] or arg in chained:
             continue
-        if shape is None or len(shape) > len(dims) or not _read_through(lookup, arg, outputs):
+        if shape is None or len(shape) > len(dims) or not _pushable(lookup, arg, outputs):
             return False
     return True
+
+
+def _pushable(lookup: Callable[[relax.Var], relax.Expr | None], expr: relax.Expr,
+              outputs: list[relax.Var], budget: int = MAX_PUSHED) -> bool:
+    """Whether ``expr`` is read through a transpose at no cost (``_read_through``), or made
+    by element-wise ops of such operands, at most ``budget`` of them, that a transposed view
+    computes from transposed views of their operands (``_MixedReduction._view``): the
+    condition of a select of a mean over a middle axis, say."""
+    if _read_through(lookup, expr, outputs):
+        return True
+    bound = lookup(expr) if isinstance(expr, relax.Var) else None
+    return budget > 0 and isinstance(bound, relax.Call) and _is(bound, _ELEMENT_WISE) \
+        and all(_static_dims(a) == [] or _pushable(lookup, a, outputs, budget - 1)
+                for a in bound.args)
 
 
 def _is(call: relax.Call, table: dict | frozenset) -> bool:
@@ -241,11 +294,12 @@ class _MixedReduction(relax.PyExprMutator):
     outputs: list[relax.Var] = []
     pooled: set[relax.Call] = set()
     sinks: set[relax.Call] = set()
-    # a sink softmax's result transposed back -> (its rows, the rows' extents, the inverse)
-    transposed_back: dict[relax.Var, tuple[relax.Var, list[int | None], list[int]]] = {}
+    # a sink's result transposed back -> (its rows, the inverse permutation, the names' stem)
+    transposed_back: dict[relax.Var, tuple[relax.Var, list[int], str]] = {}
     # (a sink softmax's input, its permutation) -> the view the softmax reads
     views: dict[tuple[relax.Var, tuple[int, ...]], relax.Expr] = {}
     kept: frozenset[str] = frozenset()  # the bindings left as they are
+    reduction_sinks = True  # whether reductions over mixed axes sink (``_sinks``)
     site = ""  # the binding being rewritten
     # each binding the rewrite made -> the binding it was made for
     origins: dict[str, str] = {}
@@ -256,7 +310,7 @@ class _MixedReduction(relax.PyExprMutator):
         seq = isinstance(func.body, relax.SeqExpr)
         self.outputs = _function_outputs(func) if seq else []
         self.pooled = _pooled_softmaxes(func) if seq else set()
-        self.sinks = _sink_softmaxes(func) if seq else set()
+        self.sinks = _sinks(func, self.reduction_sinks) if seq else set()
         self.transposed_back = {}
         self.views = {}
         return super().visit_function_(func)
@@ -281,7 +335,7 @@ class _MixedReduction(relax.PyExprMutator):
         sink = call in self.sinks
         call = super().visit_call_(call)
         if _is(call, REDUCTIONS):
-            result = self._reduction(call)
+            result = self._reduction(call, sink)
         elif _is(call, _SOFTMAX):
             result = self._softmax(call, pays, sink)
         elif _is(call, _ELEMENT_WISE):
@@ -300,27 +354,30 @@ class _MixedReduction(relax.PyExprMutator):
         Other calls unchanged."""
         found = [(a, self._alias_of(a)) for a in call.args if isinstance(a, relax.Var)]
         found = [(a, b) for a, b in found if b in self.transposed_back]
-        if not found or not _sinkable(call, found[0][0], self.lookup_binding, self.outputs):
+        if not found or not _sinkable(call, found[0][0], self.lookup_binding, self.outputs,
+                                      {a for a, _ in found}):
             return call
         arg, back = found[0]
-        rows, dims, inverse = self.transposed_back[back]
+        _, inverse, stem = self.transposed_back[back]
         perm = [inverse.index(a) for a in range(len(inverse))]
+        out = _static_dims(call)
+        sunk = dict(found)
         args = []
         for a in call.args:
-            if a.same_as(arg):
-                view = rows
+            if a in sunk and self.transposed_back[sunk[a]][1] == inverse:
+                view = self.transposed_back[sunk[a]][0]  # rows of the same transpose
             elif _static_dims(a) == []:  # a scalar
                 view = a
             elif (a, tuple(perm)) in self.views:  # the softmax's own input: read once
                 view = self.views[(a, tuple(perm))]
             else:
-                view = self._view(a, _static_dims(arg), perm, "softmax_operand")
+                view = self._view(a, out, perm, f"{stem}_operand")
             if view is None:
                 return call
             args.append(view)
         result = self._emit(relax.Call(call.op, args, call.attrs, call.ty_args),
-                                    name_hint="softmax_rows")
-        return self._transposed_back(result, dims, inverse)
+                            name_hint=f"{stem}_rows")
+        return self._transposed_back(result, [out[a] for a in perm], inverse, stem)
 
     def _alias_of(self, var: relax.Var) -> relax.Var:
         """The variable ``var`` is bound to, through bindings of one variable to another."""
@@ -331,10 +388,12 @@ class _MixedReduction(relax.PyExprMutator):
             var = bound
         return var
 
-    def _transposed_back(self, rows: relax.Var, dims: list[int | None], inverse: list[int]
-                         ) -> relax.Var:
-        back = self._emit(_permuted(rows, dims, inverse), name_hint="softmax_back")
-        self.transposed_back[back] = (rows, dims, inverse)
+    def _transposed_back(self, rows: relax.Var, dims: list[int | None], inverse: list[int],
+                         stem: str) -> relax.Var:
+        """``rows`` (of extents ``dims``) transposed back by ``inverse``, recorded as a sink's
+        result (``transposed_back``) whose made bindings are named after ``stem``."""
+        back = self._emit(_permuted(rows, dims, inverse), name_hint=f"{stem}_back")
+        self.transposed_back[back] = (rows, inverse, stem)
         return back
 
     def _view(self, data: relax.Expr, dims: list[int | None], perm: list[int],
@@ -399,13 +458,18 @@ class _MixedReduction(relax.PyExprMutator):
                                           name_hint=name)
         return self._emit(_permuted(data, dims, perm), name_hint=name)
 
-    def _reduction(self, call: relax.Call) -> relax.Expr:
+    def _reduction(self, call: relax.Call, sink: bool) -> relax.Expr:
+        source = self._alias_of(call.args[0]) if isinstance(call.args[0], relax.Var) else None
+        if source is not None and not source.same_as(call.args[0]):
+            # a sunk chain's result, read through its alias
+            call = self.builder_.normalize(relax.Call(call.op, [source, *call.args[1:]],
+                                                      call.attrs, call.ty_args))
         data = call.args[0]
         dims = _static_dims(data)
         reduced = reduced_axes(call)
         if dims is None or reduced is None or _static_dims(call) is None:
             return call
-        untransposed = self._untransposed(call, dims, reduced)
+        untransposed = None if sink else self._untransposed(call, dims, reduced)
         if untransposed is not None:
             return untransposed
         perm = reduction_permutation(dims, reduced)
@@ -413,6 +477,14 @@ class _MixedReduction(relax.PyExprMutator):
         if moved is None:
             return call
         axes = list(range(len(dims) - len(reduced), len(dims)))
+        if sink:  # element-wise readers apply to the rows, the transpose back after them
+            if isinstance(data, relax.Var):
+                self.views[(data, tuple(perm))] = moved
+            rows = self._emit(REDUCTIONS[call.op.name](moved, axis=axes, keepdims=True),
+                              name_hint="reduced")
+            inverse = [perm.index(a) for a in range(len(dims))]
+            kept_dims = [1 if a in reduced else dims[a] for a in perm]
+            return self._transposed_back(rows, kept_dims, inverse, "sunk")
         result = REDUCTIONS[call.op.name](moved, axis=axes, keepdims=False)
         if call.attrs.keepdims:
             return relax.op.reshape(self._emit(result, name_hint="reduced"),
@@ -483,20 +555,22 @@ class _MixedReduction(relax.PyExprMutator):
         if sink:  # element-wise readers apply to the rows, the transpose back after them
             if isinstance(data, relax.Var):
                 self.views[(data, tuple(perm))] = moved
-            return self._transposed_back(result, [dims[a] for a in perm], inverse)
+            return self._transposed_back(result, [dims[a] for a in perm], inverse, "softmax")
         return _permuted(result, [dims[a] for a in perm], inverse)
 
 
-def mixed_reductions(mod: IRModule, kept: frozenset[str] = frozenset()
-                     ) -> tuple[IRModule, dict[str, str]]:
+def mixed_reductions(mod: IRModule, kept: frozenset[str] = frozenset(),
+                     reduction_sinks: bool = True) -> tuple[IRModule, dict[str, str]]:
     """``mod`` with every reduction over axes mixed with kept ones, and every softmax or
     log-softmax over a middle axis, in its Relax functions replaced by the same op over a
     transposed input, but for the bindings named in ``kept``; and the *origin* of each
     binding the rewrite made or changed: the name of the binding it was rewritten for (a
     rewritten binding is its own). The stitch flow keeps the bindings whose rewritten form
-    does not stitch as they were imported (``stitch_fuse.stitch``)."""
+    does not stitch as they were imported (``stitch_fuse.stitch``). ``reduction_sinks``:
+    whether reductions sink (``_sinks``)."""
     mutator = _MixedReduction(mod)
     mutator.kept = kept
+    mutator.reduction_sinks = reduction_sinks
     mutator.origins = {}
     return (rewrite_functions(mutator, mod, relax.analysis.remove_all_unused),
             mutator.origins)

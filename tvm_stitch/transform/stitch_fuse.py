@@ -117,14 +117,17 @@ def _stitch_kept(mod: IRModule, target: Target | None
     imported (the yardstick measures TVM's fusion of ``mod`` as imported). Those are kept as
     imported, and the module stitched again: their transposes would be kernels of their own,
     or cut a reduction off the epilogue TVM fuses into it (fuzz graphs 12021:400, a softmax
-    over a middle axis of a broadcast, 3 kernels for TVM's 1; 12021:332, a mean over a
-    middle axis read back by a select, 2 for 1). From the second time on, every rewritten
-    op is kept. The plan's notes name the ops kept."""
+    over a middle axis of a broadcast, 3 kernels for TVM's 1; 12023:24, a minimum over the
+    channels before a LayerNorm, 3 for 2). First, though, reductions that sank (their
+    element-wise readers applied to their rows, ``mixed_reduction._sinks``) do not: their
+    transposed forms may stitch on their own. From the third time on, every rewritten op is
+    kept. The plan's notes say what was given up."""
     kept: frozenset[str] = frozenset()
+    sinks = True
     notes: tuple[str, ...] = ()
     reference = None
     while True:
-        rewritten, origins = mixed_reductions(mod, kept)
+        rewritten, origins = mixed_reductions(mod, kept, sinks)
         legal = without_aliases(legalize(rewritten))
         if origins and reference is None:
             reference = without_aliases(legalize(mod))
@@ -133,8 +136,12 @@ def _stitch_kept(mod: IRModule, target: Target | None
         unstitched = _unstitched_sites(draft.fallbacks + failed, origins)
         if not unstitched:
             return fused, groups, draft, failed, notes + more
-        notes += ("kept as imported, their transposed forms not stitched: "
-                  + ", ".join(sorted(unstitched)),)
+        names = ", ".join(sorted(unstitched))
+        if sinks:
+            sinks = False
+            notes += (f"reductions not sunk, their transposed forms not stitched: {names}",)
+            continue
+        notes += (f"kept as imported, their transposed forms not stitched: {names}",)
         kept |= unstitched if not kept else frozenset(origins.values())
 
 
