@@ -206,7 +206,8 @@ def _sinks(func: relax.Function, reductions: bool) -> set[relax.Call]:
                    or (axes is not None and isinstance(user, relax.Call)
                        and _mixed(user) == axes)
                    or (budget > 0 and user in var_of
-                       and _sinkable(user, var, bound.get, outputs, chained)
+                       and _sinkable(user, var, bound.get, outputs, chained,
+                                     pushed=axes is not None)
                        and sinks(var_of[user], budget - 1, axes, False))
                    for user in read.get(var, []))
 
@@ -235,12 +236,14 @@ def _mixed(call: relax.Call) -> list[int] | None:
 
 def _sinkable(expr: relax.Expr, var: relax.Var,
               lookup: Callable[[relax.Var], relax.Expr | None],
-              outputs: list[relax.Var], chained: frozenset | set = frozenset()) -> bool:
+              outputs: list[relax.Var], chained: frozenset | set = frozenset(),
+              pushed: bool = False) -> bool:
     """Whether ``expr`` is an element-wise call of ``var`` of ``var``'s shape, or of a shape
     ``var`` broadcasts to along its axes of extent 1, that applies alike to the elements of
     a transposed view of ``var``: its other operands are scalars, or tensors read through
-    a transpose at no cost (``_read_through``): a column softmax plus its input, or an input
-    less its mean over mixed axes, say."""
+    a transpose at no cost (``_read_through``), or with ``pushed`` computed from such
+    (``_pushable``): a column softmax plus its input, or an input less its mean over mixed
+    axes, say. ``chained``: operands that are sunk too."""
     if not (isinstance(expr, relax.Call) and _is(expr, _ELEMENT_WISE)):
         return False
     dims, out = _static_dims(var), _static_dims(expr)
@@ -252,7 +255,9 @@ def _sinkable(expr: relax.Expr, var: relax.Var,
         shape = _static_dims(arg)
         if arg.same_as(var) or shape == [] or arg in chained:
             continue
-        if shape is None or len(shape) > len(dims) or not _pushable(lookup, arg, outputs):
+        if shape is None or len(shape) > len(dims) or not (
+                _pushable(lookup, arg, outputs) if pushed
+                else _read_through(lookup, arg, outputs)):
             return False
     return True
 
@@ -354,11 +359,13 @@ class _MixedReduction(relax.PyExprMutator):
         Other calls unchanged."""
         found = [(a, self._alias_of(a)) for a in call.args if isinstance(a, relax.Var)]
         found = [(a, b) for a, b in found if b in self.transposed_back]
-        if not found or not _sinkable(call, found[0][0], self.lookup_binding, self.outputs,
-                                      {a for a, _ in found}):
+        if not found:
             return call
         arg, back = found[0]
         _, inverse, stem = self.transposed_back[back]
+        if not _sinkable(call, arg, self.lookup_binding, self.outputs, {a for a, _ in found},
+                         pushed=stem == "sunk"):
+            return call
         perm = [inverse.index(a) for a in range(len(inverse))]
         out = _static_dims(call)
         sunk = dict(found)
