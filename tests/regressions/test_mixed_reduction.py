@@ -392,11 +392,11 @@ def test_the_rewrite_records_origins_and_keeps_what_it_is_told() -> None:
     built = model(nodes, {"x": [4, 8, 16]}, {"a": [4, 1, 16], "b": [4, 1, 16]},
                   {"axes": np.array([1], np.int64)})
     mod = import_model(built)
-    _, origins = mixed_reductions(mod)
+    _, origins, _ = mixed_reductions(mod)
     sites = sorted(set(origins.values()))
     assert len(sites) == 2 and all(origins[s] == s for s in sites), origins
     assert len(origins) > 2  # the views and the reductions made for them
-    rewritten, kept_origins = mixed_reductions(mod, frozenset(sites[:1]))
+    rewritten, kept_origins, _ = mixed_reductions(mod, frozenset(sites[:1]))
     assert set(kept_origins.values()) == set(sites[1:]), kept_origins
     calls = [b.value.op.name for b in rewritten["main"].body.blocks[0].bindings
              if isinstance(b.value, relax.Call)]

@@ -308,6 +308,7 @@ class _MixedReduction(relax.PyExprMutator):
     site = ""  # the binding being rewritten
     # each binding the rewrite made -> the binding it was made for
     origins: dict[str, str] = {}
+    sunk: set[str] = set()  # the reductions that sank (``_sinks``), and their readers
 
     def visit_function_(self, func: relax.Function) -> relax.Expr:
         """``func`` rewritten, knowing the variables it returns and the softmaxes a
@@ -382,6 +383,8 @@ class _MixedReduction(relax.PyExprMutator):
             if view is None:
                 return call
             args.append(view)
+        if stem == "sunk":
+            self.sunk.add(self.site)
         result = self._emit(relax.Call(call.op, args, call.attrs, call.ty_args),
                             name_hint=f"{stem}_rows")
         return self._transposed_back(result, [out[a] for a in perm], inverse, stem)
@@ -491,6 +494,7 @@ class _MixedReduction(relax.PyExprMutator):
                               name_hint="reduced")
             inverse = [perm.index(a) for a in range(len(dims))]
             kept_dims = [1 if a in reduced else dims[a] for a in perm]
+            self.sunk.add(self.site)
             return self._transposed_back(rows, kept_dims, inverse, "sunk")
         result = REDUCTIONS[call.op.name](moved, axis=axes, keepdims=False)
         if call.attrs.keepdims:
@@ -567,20 +571,23 @@ class _MixedReduction(relax.PyExprMutator):
 
 
 def mixed_reductions(mod: IRModule, kept: frozenset[str] = frozenset(),
-                     reduction_sinks: bool = True) -> tuple[IRModule, dict[str, str]]:
+                     reduction_sinks: bool = True
+                     ) -> tuple[IRModule, dict[str, str], frozenset[str]]:
     """``mod`` with every reduction over axes mixed with kept ones, and every softmax or
     log-softmax over a middle axis, in its Relax functions replaced by the same op over a
-    transposed input, but for the bindings named in ``kept``; and the *origin* of each
+    transposed input, but for the bindings named in ``kept``; the *origin* of each
     binding the rewrite made or changed: the name of the binding it was rewritten for (a
-    rewritten binding is its own). The stitch flow keeps the bindings whose rewritten form
-    does not stitch as they were imported (``stitch_fuse.stitch``). ``reduction_sinks``:
-    whether reductions sink (``_sinks``)."""
+    rewritten binding is its own); and the reductions that sank with their element-wise
+    readers (``_sinks``; none without ``reduction_sinks``). The stitch flow keeps the
+    bindings whose rewritten form does not stitch as they were imported
+    (``stitch_fuse.stitch``)."""
     mutator = _MixedReduction(mod)
     mutator.kept = kept
     mutator.reduction_sinks = reduction_sinks
     mutator.origins = {}
+    mutator.sunk = set()
     return (rewrite_functions(mutator, mod, relax.analysis.remove_all_unused),
-            mutator.origins)
+            mutator.origins, frozenset(mutator.sunk))
 
 
 __all__ = ["mixed_reductions", "reduction_permutation"]
