@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tvm import s_tir
+from tvm import s_tir, tirx
 
 from ...plan import Buffer, BufferRole, Demotion, DemotionKind, StorageLevel, ThreadMapping
 from ..blocks import child_blocks, inline
@@ -68,28 +68,40 @@ def fit_budget(sch: s_tir.Schedule, dec: Decisions, mapping: ThreadMapping,
 
 
 REGISTER_ROW_ELEMENTS = 32
-"""Most elements of a row one thread holds in registers (an input that does not fit in shared
-memory): 32 of the 64 registers a thread of a 1024-thread block may use at full occupancy."""
+"""Most registers the elements of a row one thread holds take (an input that does not fit in
+shared memory): 32 of the 64 registers a thread of a 1024-thread block may use at full
+occupancy. An element narrower than 32 bits takes two (``_element_registers``)."""
+
+
+def _element_registers(param: tirx.Buffer) -> int:
+    """Registers one held element of ``param`` is budgeted: one, or two for a type narrower
+    than 32 bits, whose readers keep it widened as well as at its own type (a LayerNorm
+    reads it as float32, an element-wise output as float16). ptxas on a float16 LayerNorm
+    over rows of 20000 on 1024 threads beside ``|x|``, 20 elements held: 32 B spilled on
+    sm_90 (64 B beside ``|x|`` and ``sign(x)`` at 24000; 16 B with none on sm_80 at
+    30000); at 16384 none; float32 rows of 32768 beside ``|x|``, 32 held, none."""
+    return 2 if param.dtype.bits < 32 else 1
 
 
 def hold(sch: s_tir.Schedule, dec: Decisions, staging: Staging, mapping: ThreadMapping,
          taken: int = 0) -> bool:
     """Hold the input ``staging`` in its threads' registers instead (``dec.held``), if every
-    reader reads only its own elements and each thread holds at most
-    ``REGISTER_ROW_ELEMENTS`` of them with the ``taken`` it already keeps (never for a row
+    reader reads only its own elements and its elements a thread holds take at most
+    ``REGISTER_ROW_ELEMENTS`` registers with the ``taken`` it already keeps (never for a row
     of symbolic length: a loop of run-time extent holds nothing); whether it is held. A
     column reduction's 30 partial sums per thread and a held input of 30 more spilled (fuzz
     graph 1207:27). Nor beside ``vectors.HALF_MATH_CALLS`` transcendentals on float16."""
-    slots = _register_slots(staging, mapping, sch)
-    if not staging.own or slots + taken > REGISTER_ROW_ELEMENTS or mapping.length_expr \
+    param = next(p for p in sch.mod["main"].params if p.name == staging.name)
+    slots = _register_slots(staging, mapping, param)
+    if not staging.own or slots * _element_registers(param) + taken > REGISTER_ROW_ELEMENTS \
+            or mapping.length_expr \
             or half_math_calls(sch, child_blocks(sch)) >= HALF_MATH_CALLS:
         return False
     dec.held.append(replace(staging, note=f"{slots} element(s) of the row per thread"))
     return True
 
 
-def _register_slots(staging: Staging, mapping: ThreadMapping, sch: s_tir.Schedule) -> int:
+def _register_slots(staging: Staging, mapping: ThreadMapping, param: tirx.Buffer) -> int:
     """Elements of its row each thread would hold of the input ``staging`` kept in registers:
     each of ``threads_per_row`` threads takes one element per step."""
-    param = next(p for p in sch.mod["main"].params if p.name == staging.name)
     return -(-staging.per_row // bytes_of(param) // mapping.threads_per_row)

@@ -559,9 +559,21 @@ def _held_sums(sch: s_tir.Schedule, in_registers: dict[str, int]) -> int:
     thread) take: a slot per value each accumulator writes, two for an online softmax's
     maximum and sum of exponentials (fuzz graph 4407:299: 49 slots of pairs beside a
     softmax over the leading 4 of (4, 256, 14, 14) were budgeted 49 registers and
-    spilled 96 B)."""
+    spilled 96 B), two for a maximum or minimum of float16 (``_selects_narrow``)."""
     return sum(slots * len(sch.get(sch.get_sblock(name)).writes)
+               * (2 if _selects_narrow(sch.get(sch.get_sblock(name))) else 1)
                for name, slots in in_registers.items())
+
+
+def _selects_narrow(block: tirx.SBlock) -> bool:
+    """Whether ``block`` updates its accumulator with a maximum or minimum of a type
+    narrower than 32 bits. TVM's CUDA code takes one of float16 as a select of two
+    ``half`` objects, which ptxas keeps a copy of: 30 sums of ``max(acc, |x|)`` a thread of
+    1024 beside a LayerNorm of rows of 30000 float16 spilled 88 B at the cap of 64 (fuzz
+    graph 852171:13), with ``__hmax`` or float32 sums none."""
+    body = block.body
+    return isinstance(body, tirx.BufferStore) and isinstance(body.value, (tirx.Max, tirx.Min)) \
+        and body.buffer.dtype.bits < 32
 
 
 def _phase_inputs(sch: s_tir.Schedule, roles: Roles, rows: int, room: int
