@@ -416,7 +416,11 @@ class Phase:
     virtual blocks, looped over the persistent grid. A rows phase of column reductions alone
     may give each task one of ``column_tiles`` tiles of the columns of its row tile (its
     tasks are then row tiles x column tiles); a tile narrower than the block gives each of
-    its columns ``lanes`` threads, each on a part of the tile's rows.
+    its columns ``lanes`` threads, each on a part of the tile's rows. ``row_steps`` is set
+    for a rows phase whose tasks walk fewer rows than the mapping's row tiles
+    (``ThreadMapping.row_steps``): one after the column phases that accumulates nothing takes
+    a task per row where the tiles sized for the partial sums of the first would leave most
+    of the grid idle.
     """
 
     kind: PhaseKind
@@ -426,6 +430,7 @@ class Phase:
     combines: tuple[str, ...] = ()
     column_tiles: int = 1
     lanes: int = 1
+    row_steps: int = 0
 
 
 @dataclass(frozen=True)
@@ -666,6 +671,7 @@ def format_plan(plan: StitchPlan) -> str:
             tiles = (f": {ph.tasks // ph.column_tiles} row tiles x {ph.column_tiles} column "
                      "tiles" if ph.column_tiles > 1 else "")
             tiles += f", {ph.lanes} threads per column" if ph.lanes > 1 else ""
+            tiles += f" of {ph.row_steps} row(s)" if ph.row_steps else ""
             lines.append(f"  phase {i} ({ph.kind.value}, {ph.tasks} tasks{tiles}): "
                          f"{', '.join(ph.blocks)}{barrier}")
         for d in g.demotions:

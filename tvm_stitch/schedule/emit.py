@@ -845,7 +845,7 @@ def _map_row_phase(sch: s_tir.Schedule, mapping: ThreadMapping, names: set[str],
         row, elem = _two_loops(sch, block)
         outer, step, row_in_block = sch.split(
             row, [mapping.row_tiles, None, 1] if mapping.row_tiles
-            else [None, mapping.row_steps, 1])
+            else [None, phase.row_steps or mapping.row_steps, 1])
         if column_tiles > 1:  # element-wise rows beside the partial sums, their tiles alike
             assert not (caches or row_caches or held), phase
             column_tile, elem = sch.split(elem, [column_tiles, None])

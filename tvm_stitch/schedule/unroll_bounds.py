@@ -44,10 +44,13 @@ def bound_unrolling(sch: s_tir.Schedule, unrolled: tuple[Unrolled, ...]) -> None
 def bound_row_walk(sch: s_tir.Schedule, walk: LoopRV, rows: int) -> None:
     """Split a Global tile's walk over its rows (``walk``) into runs of the plan's ``rows``
     (``Group.walk_unrolled``) inside a loop nvcc must not unroll; each run is left to nvcc,
-    which unrolls a short static loop whole. Asserts the runs divide the walk."""
+    which unrolls a short static loop whole; a walk of one run at most is left whole (a
+    phase's tasks of fewer rows, ``Phase.row_steps``). Asserts the runs divide a longer
+    walk."""
     extent = sch.get(walk).extent
-    assert isinstance(extent, tirx.IntImm) and int(extent) % rows == 0, (extent, rows)
+    assert isinstance(extent, tirx.IntImm), (extent, rows)
     if int(extent) > rows:
+        assert int(extent) % rows == 0, (extent, rows)
         _roll_runs(sch, walk, rows)
 
 

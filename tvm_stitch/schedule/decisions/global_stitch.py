@@ -4,7 +4,7 @@ persistent grid, partial sums per row tile, and what crosses a grid barrier."""
 from __future__ import annotations
 
 from dataclasses import replace
-from math import prod
+from math import gcd, prod
 
 from tvm import s_tir, tirx
 from tvm.s_tir.schedule import SBlockRV
@@ -292,6 +292,8 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
                            f"{tiled} column tiles, and the row phases take {column_tiles}")
     phases = _phases(roles, tiles, mapping.threads_per_block, column_tiles,
                      {b.block for b in staged})
+    if not symbolic and split == 1 and not dec.held:
+        phases = _rows_after_columns(phases, rows, mapping.row_steps, launch.wave)
     grid = min(launch.wave, max(p.tasks for p in phases))
     partials = tuple(
         Buffer(name, BufferRole.PARTIAL, StorageLevel.GLOBAL, 0,
@@ -318,6 +320,8 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
     walk = 0 if any(p.lanes > 1 for p in phases) else bound_row_walk(
         sch, func, replace(walked, row_steps=mapping.row_steps, row_tiles=mapping.row_tiles),
         rows, {b.name for b in dec.block_shared} | {h.name for h in dec.held}, room)
+    if walk:  # runs that divide every phase's walk longer than one run
+        walk = gcd(walk, *(p.row_steps for p in phases if p.row_steps > walk))
     return replace(group, mapping=mapping, inlined=tuple(dec.inlined),
                    buffers=plan_buffers(dec, mapping, reused) + accumulated + partials + staged
                    + sums,
@@ -731,6 +735,26 @@ def _phases(roles: Roles, tiles: int, threads: int, column_tiles: int,
             combines = tuple(n for n in names if n in roles.combines)
             phases.append(Phase(PhaseKind.COLUMNS, names, -(-width // threads), combines=combines))
     return tuple(phases)
+
+
+def _rows_after_columns(phases: tuple[Phase, ...], rows: int, steps: int, wave: int
+                        ) -> tuple[Phase, ...]:
+    """``phases`` with each rows phase after a columns phase that accumulates nothing (no
+    partial sums, no combines, no column tiles) in tasks of the fewest rows that keep them
+    within a ``wave`` of blocks, where its row tiles of ``steps`` rows, sized for the partial
+    sums of an earlier phase, leave blocks idle: a LayerNorm over 64 rows of 30000 after
+    their column means walked 8 tiles of 8 rows on 8 of 30 blocks (fuzz graph 12026:88),
+    and takes a task per row."""
+    out, after_columns = [], False
+    for phase in phases:
+        after_columns = after_columns or phase.kind is PhaseKind.COLUMNS
+        if after_columns and phase.kind is PhaseKind.ROWS and phase.tasks < wave \
+                and not (phase.partials or phase.combines) and phase.column_tiles == 1:
+            fewer = min(s for s in range(1, steps + 1) if rows % s == 0 and rows // s <= wave)
+            if fewer < steps:
+                phase = replace(phase, tasks=rows // fewer, row_steps=fewer)
+        out.append(phase)
+    return tuple(out)
 
 
 def _rows_expr(columns: dict[str, BlockRows]) -> str:
