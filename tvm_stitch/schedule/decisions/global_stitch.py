@@ -293,7 +293,9 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
     phases = _phases(roles, tiles, mapping.threads_per_block, column_tiles,
                      {b.block for b in staged})
     if not symbolic and split == 1 and not dec.held:
-        phases = _rows_after_columns(phases, rows, mapping.row_steps, launch.wave)
+        phases = _rows_after_columns(phases, rows, mapping.row_steps, launch.wave,
+                                     length * widest_element(sch, func),
+                                     sum(b.size for b in dec.block_shared), staged)
     grid = min(launch.wave, max(p.tasks for p in phases))
     partials = tuple(
         Buffer(name, BufferRole.PARTIAL, StorageLevel.GLOBAL, 0,
@@ -737,20 +739,27 @@ def _phases(roles: Roles, tiles: int, threads: int, column_tiles: int,
     return tuple(phases)
 
 
-def _rows_after_columns(phases: tuple[Phase, ...], rows: int, steps: int, wave: int
+def _rows_after_columns(phases: tuple[Phase, ...], rows: int, steps: int, wave: int,
+                        row_bytes: int, block_staged: int, staged: tuple[Buffer, ...]
                         ) -> tuple[Phase, ...]:
     """``phases`` with each rows phase after a columns phase that accumulates nothing (no
     partial sums, no combines, no column tiles) in tasks of the fewest rows that keep them
     within a ``wave`` of blocks, where its row tiles of ``steps`` rows, sized for the partial
     sums of an earlier phase, leave blocks idle: a LayerNorm over 64 rows of 30000 after
     their column means walked 8 tiles of 8 rows on 8 of 30 blocks (fuzz graph 12026:88),
-    and takes a task per row."""
+    and takes a task per row. A task stages again what its block stages once (the inputs
+    read alike by every row, ``block_staged`` bytes, and the phase's column results in
+    ``staged``): it takes rows of at least as many bytes (``row_bytes`` each; a batch norm's
+    rows of 128 beside 2 KB staged per block take tasks of 4)."""
     out, after_columns = [], False
     for phase in phases:
         after_columns = after_columns or phase.kind is PhaseKind.COLUMNS
         if after_columns and phase.kind is PhaseKind.ROWS and phase.tasks < wave \
                 and not (phase.partials or phase.combines) and phase.column_tiles == 1:
-            fewer = min(s for s in range(1, steps + 1) if rows % s == 0 and rows // s <= wave)
+            again = block_staged + sum(b.shared_bytes for b in staged
+                                       if b.per_block and b.block in phase.blocks)
+            fewer = min(s for s in range(1, steps + 1) if rows % s == 0 and rows // s <= wave
+                        and s * row_bytes >= again or s == steps)
             if fewer < steps:
                 phase = replace(phase, tasks=rows // fewer, row_steps=fewer)
         out.append(phase)
