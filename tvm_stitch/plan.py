@@ -419,8 +419,8 @@ class Phase:
     its columns ``lanes`` threads, each on a part of the tile's rows. ``row_steps`` is set
     for a rows phase whose tasks walk fewer rows than the mapping's row tiles
     (``ThreadMapping.row_steps``): one after the column phases that accumulates nothing takes
-    a task per row where the tiles sized for the partial sums of the first would leave most
-    of the grid idle.
+    tasks of fewer rows where the tiles sized for the partial sums of the first would leave
+    blocks of the grid idle (``global_stitch._rows_after_columns``).
     """
 
     kind: PhaseKind
