@@ -80,7 +80,7 @@ from .persistent import (
 )
 from .phases import copy_across_barrier, normalise_column, register_sum
 from .reduction_guards import keep_write_back_guards
-from .registers import hold_inputs
+from .registers import guard_last_steps, hold_inputs
 from .results import results_in_registers
 from .row_permutation import RowPermutation, permute_rows
 from .rows import Unstitchable, iters_of, row_element_map
@@ -142,7 +142,7 @@ def kernel(func: tirx.PrimFunc, group: Group) -> Kernel:
         workspaces = tuple(lifted)
     if group.launch is not None:
         out = with_launch_bounds(out, group.launch.blocks_per_sm)
-    return Kernel(keep_write_back_guards(out), state, workspaces)
+    return Kernel(keep_write_back_guards(guard_last_steps(out, group)), state, workspaces)
 
 
 def emit(func: tirx.PrimFunc, group: Group) -> s_tir.Schedule:

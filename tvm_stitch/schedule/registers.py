@@ -16,15 +16,19 @@ the cache line the step loads anyway, but the traffic count (which reads the TIR
 them.
 
 The element-wise readers of a copy cannot run past the row's end (they write outputs), so
-``hold_inputs`` splits their walk instead: the whole steps first, unguarded (TVM proves them
-inside the row), then the last, partial step under the row's guard. nvcc does not bound
-``threadIdx.x`` by the block size and so kept the guard on every unrolled step: a softmax
-over rows of 30000 holding 30 elements per thread of a 1024-thread block with three
-element-wise outputs spilled 40 to 48 B at the 64 registers of its launch bound (fuzz case
-stitch-s4242-g38), and none once only the last step was guarded. A reduction's walk stays
-whole: TVM lowers one reduction block to one cross-thread reduction. An input re-read from
-global memory by several blocks is kept in registers by nvcc alike, and its element-wise
-readers' walks are split the same way.
+``guard_last_steps`` states their guard per step instead: TVM writes the row-end test of step
+``s`` and lane ``t`` as ``s * 64 + (t >> 4) < 1875`` (rows of 30000 on 1024 threads), and
+nvcc, which does not bound ``threadIdx.x`` by the block size, keeps it on every unrolled step;
+``s < 29 or t < 304`` folds to true on all steps but the last. A softmax over rows of 30000
+holding 30 elements per thread of a 1024-thread block with three element-wise outputs spilled
+40 to 48 B at the 64 registers of its launch bound (fuzz case stitch-s4242-g38), a
+log-softmax and a floor on a persistent grid 44 B (fuzz 12027:159), and none so guarded. The
+guard is restated on the finished kernel, which keeps the persistent grid's blocks whole (an
+earlier split of the readers' walks copied blocks its phases are cut by: fuzz case
+stitch-s2027-g139). A reduction keeps its guard: TVM's LowerCrossThreadReduction does not
+lower a block under the restated one (each thread reduced its own elements). An input
+re-read from global memory by several blocks is kept in registers by nvcc alike, and its
+element-wise readers' guards are restated the same way.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from tvm import s_tir, tirx
 from tvm.sym import Analyzer
 
 from ..plan import BufferRole, Group, StorageLevel
-from .blocks import LOCAL, buffer_params, name_of, readers
+from .blocks import LOCAL, buffer_params
 
 WHOLE_STEPS_SLACK = 16
 """A copy runs over whole steps when the elements past the row's end are at most this
@@ -50,9 +54,7 @@ def held_inputs(group: Group) -> list[str]:
 
 def hold_inputs(sch: s_tir.Schedule, group: Group) -> s_tir.Schedule:
     """``sch`` (a scheduled row group) with the register copies of the held inputs laid out
-    and unguarded, and the last steps of their readers, and of the readers of inputs re-read
-    from global memory, guarded apart, as the module docstring says; a new schedule when a
-    copy was unguarded."""
+    and unguarded, as the module docstring says; a new schedule when a copy was unguarded."""
     names = [f"{name}_{LOCAL}" for name in held_inputs(group)]
     threads = group.mapping.threads_per_row
     for name in names:
@@ -62,61 +64,96 @@ def hold_inputs(sch: s_tir.Schedule, group: Group) -> s_tir.Schedule:
         sch.transform_layout(block, ("write", 0), tirx.IndexMap.from_func(
             lambda _row, e: (e // threads,), ndim=2, index_dtype=dtype),
             assume_injective_transform=True)
-    if names:
-        sch = _unguarded_copies(sch, set(names))
-    if not group.phases:
-        # A persistent grid's phases are later cut out of the kernel by block: the partition
-        # copies a reader's block, and the float16 persistent grid of fuzz seed 2027, graph 139
-        # then spilled and passed its arrays shifted on the SIMT runner.
-        copies = [sch.get(sch.get_sblock(name)).writes[0].source for name in names]
-        _guard_last_step(sch, copies + _reread_inputs(sch, group), threads)
-    return sch
+    return _unguarded_copies(sch, set(names)) if names else sch
 
 
 def _unguarded_copies(sch: s_tir.Schedule, names: set[str]) -> s_tir.Schedule:
     """``sch`` with the register copies ``names`` (block names) run over whole steps
     (``_whole_steps``); a new schedule when one was."""
     func = sch.mod["main"]
+    ana = _loop_ranges(func)
+    unguarded = tvm_ffi.structural_map(
+        func, [(s_tir.stmt.SBlockRealize, lambda r: _whole_steps(r, names, ana))])
+    return sch if unguarded.same_as(func) else s_tir.Schedule(unguarded)
+
+
+def _loop_ranges(func: tirx.PrimFunc) -> Analyzer:
+    """An analyzer that knows the range of every loop variable of ``func``."""
     ana = Analyzer()
 
     def bind(loop: tirx.For) -> None:
         ana.bind(loop.loop_var, tvm.ir.Range.from_min_extent(loop.min, loop.extent))
 
     tvm_ffi.structural_walk(func.body, [(tirx.For, bind)])
-    unguarded = tvm_ffi.structural_map(
-        func, [(s_tir.stmt.SBlockRealize, lambda r: _whole_steps(r, names, ana))])
-    return sch if unguarded.same_as(func) else s_tir.Schedule(unguarded)
+    return ana
 
 
-def _reread_inputs(sch: s_tir.Schedule, group: Group) -> list[tirx.Buffer]:
-    """The inputs ``group`` reads from global memory in several blocks: nvcc keeps them in
-    registers between their unrolled reads as it keeps a held copy, and a guard on every
-    step of a reader cost a LayerNorm over rows of 32639 on 1024 threads, 32 elements per
-    thread, 8 B of spills at its 64 registers on sm_80 (fuzz case 818987:14)."""
-    names = {b.name for b in group.buffers
-             if b.role is BufferRole.INPUT and b.level is StorageLevel.GLOBAL}
-    return [b for b in buffer_params(sch.mod["main"])
-            if b.name in names and len(readers(sch, b)) > 1]
+def guard_last_steps(func: tirx.PrimFunc, group: Group) -> tirx.PrimFunc:
+    """``func`` (the finished kernel of ``group``) with the row guard of every element-wise
+    block that reads a held copy, or an input several blocks re-read from global memory,
+    stated per
+    step: ``step * P + t < L`` (``P`` threads, ``t`` the thread's lane, ``step`` over the
+    ``ceil(L / P)`` steps) becomes ``step < L // P or t < L % P``, which the unrolled whole
+    steps fold to true (see the module docstring). Restated on the finished kernel: a
+    schedule cannot prove that a block under such a guard covers what it writes."""
+    blocks: list[s_tir.stmt.SBlock] = []
+    tvm_ffi.structural_walk(func.body, [(s_tir.stmt.SBlock, blocks.append)])
+    copies = {f"{name}_{LOCAL}" for name in held_inputs(group)}
+    watched = [w.source for b in blocks if b.name_hint in copies for w in b.writes]
+    inputs = {b.name for b in group.buffers
+              if b.role is BufferRole.INPUT and b.level is StorageLevel.GLOBAL}
+    for param in buffer_params(func):
+        # nvcc keeps an input re-read by several blocks in registers between its unrolled
+        # reads as it keeps a held copy: a guard on every step of a LayerNorm's reader over
+        # rows of 32639 on 1024 threads cost 8 B of spills on sm_80 (fuzz case 818987:14)
+        if param.name in inputs and sum(_reads(b, param) for b in blocks) > 1:
+            watched.append(param)
+    names = {b.name_hint for b in blocks if any(_reads(b, buffer) for buffer in watched)
+             and all(int(iv.iter_type) == tirx.IterVar.DataPar for iv in b.iter_vars)}
+    if not names:
+        return func
+    ana = _loop_ranges(func)
+
+    def restate(expr: tvm.ir.PrimExpr) -> tvm.ir.PrimExpr:
+        if isinstance(expr, tirx.And):
+            return tirx.And(restate(expr.a), restate(expr.b))
+        per_step = _per_step(expr, ana)
+        return expr if per_step is None else per_step
+
+    def on_realize(realize: s_tir.stmt.SBlockRealize) -> s_tir.stmt.SBlockRealize:
+        if realize.block.name_hint not in names:
+            return realize
+        predicate = restate(realize.predicate)
+        if predicate.same_as(realize.predicate):
+            return realize
+        return s_tir.stmt.SBlockRealize(realize.iter_values, predicate, realize.block)
+
+    return tvm_ffi.structural_map(func, [(s_tir.stmt.SBlockRealize, on_realize)])
 
 
-def _guard_last_step(sch: s_tir.Schedule, buffers: list[tirx.Buffer], threads: int) -> None:
-    """Split the element walk of every element-wise block that reads one of ``buffers``
-    into its whole steps and its last step, where ``threads`` do not divide the block's row:
-    only the last step then keeps the row's guard."""
-    users = sorted({name_of(sch, b) for buffer in buffers for b in readers(sch, buffer)})
-    for name in users:
-        block = sch.get_sblock(name)
-        iters = sch.get(block).iter_vars
-        if any(int(iv.iter_type) != tirx.IterVar.DataPar for iv in iters):
+def _reads(block: s_tir.stmt.SBlock, buffer: tirx.Buffer) -> bool:
+    """Whether ``block`` reads ``buffer``."""
+    return any(r.source.same_as(buffer) for r in block.reads)
+
+
+def _per_step(guard: tvm.ir.PrimExpr, ana: Analyzer) -> tvm.ir.PrimExpr | None:
+    """``guard`` stated per step if it is ``step * P + t < L`` over whole loops (``t`` in
+    ``[0, P)``, ``step`` in ``[0, ceil(L / P))``, ``P`` not dividing ``L``); else None."""
+    if not isinstance(guard, tirx.LT) or not isinstance(guard.b, tirx.IntImm) \
+            or not isinstance(guard.a, tirx.Add):
+        return None
+    length = int(guard.b)
+    for scaled, lane in ((guard.a.a, guard.a.b), (guard.a.b, guard.a.a)):
+        if not (isinstance(scaled, tirx.Mul) and isinstance(scaled.a, tirx.Var)
+                and isinstance(scaled.b, tirx.IntImm) and isinstance(lane, tirx.Var)):
             continue
-        elements = iters[-1].dom.extent
-        loop = sch.get_loops(block)[-1]
-        steps = sch.get(loop).extent
-        if not isinstance(elements, tirx.IntImm) or not isinstance(steps, tirx.IntImm) \
-                or not int(elements) % threads or int(steps) < 2 \
-                or int(steps) != -(-int(elements) // threads):
-            continue
-        sch.loop_partition(loop, [int(steps) - 1, None])
+        step, threads = scaled.a, int(scaled.b)
+        lanes, steps = ana.const_int_bound(lane), ana.const_int_bound(step)
+        if threads > 0 and length % threads and lanes.min_value == 0 \
+                and lanes.max_value == threads - 1 and steps.min_value == 0 \
+                and steps.max_value == length // threads:
+            return tirx.Or(step < length // threads, lane < length % threads)
+    return None
 
 
 def _whole_steps(realize: s_tir.stmt.SBlockRealize, names: set[str], ana: Analyzer
