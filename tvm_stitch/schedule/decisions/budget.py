@@ -101,6 +101,13 @@ def hold(sch: s_tir.Schedule, dec: Decisions, staging: Staging, mapping: ThreadM
     return True
 
 
+def held_registers(sch: s_tir.Schedule, dec: Decisions, mapping: ThreadMapping) -> int:
+    """Registers the inputs ``dec`` holds take in each thread under ``mapping``."""
+    params = {p.name: p for p in sch.mod["main"].params}
+    return sum(_register_slots(h, mapping, params[h.name]) * _element_registers(params[h.name])
+               for h in dec.held)
+
+
 def _register_slots(staging: Staging, mapping: ThreadMapping, param: tirx.Buffer) -> int:
     """Elements of its row each thread would hold of the input ``staging`` kept in registers:
     each of ``threads_per_row`` threads takes one element per step."""

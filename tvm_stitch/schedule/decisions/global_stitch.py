@@ -63,7 +63,7 @@ from ..rows import (
     rows_sharing,
 )
 from ..task_split import combine_per_reader, split_output_copies
-from .budget import fit_budget
+from .budget import fit_budget, held_registers
 from .chosen import (
     GLOBAL_CHOICES,
     check_applicable,
@@ -79,6 +79,7 @@ from .rows import (
     on_chip_inputs,
     register_cache,
     rolled_rereads,
+    shared_reads,
 )
 from .state import (
     Decisions,
@@ -314,9 +315,10 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
                            f"{tiles} partial sums per column in place in global memory (not "
                            f"one axis of whole threads of {mapping.threads_per_block})")
     launch = replace(launch_for_grid(gpu, launch, grid), grid=grid)
-    room = loads_room(launch, per_row, held_sums)
+    room = loads_room(launch, per_row + held_registers(sch, dec, mapping), held_sums)
     unrolled = bound_unrolling(sch, func, infos, mapping,
-                               on_chip_inputs(sch, func, dec, per_row) - rolled, room,
+                               on_chip_inputs(sch, func, dec, per_row) - rolled,
+                               shared_reads(dec), room,
                                frozenset(h.name for h in dec.held), rolled=rolled)
     # a phase of lanes splits each tile's walk among its threads (``emit._map_lanes``)
     walk = 0 if any(p.lanes > 1 for p in phases) else bound_row_walk(

@@ -60,7 +60,7 @@ from ..rows import (
     same_permuted_rows,
 )
 from ..vectors import HALF_MATH_CALLS, half_math_calls
-from .budget import fit_budget
+from .budget import fit_budget, held_registers
 from .chosen import (
     ROW_CHOICES,
     check_applicable,
@@ -162,7 +162,8 @@ def decide_rows(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: in
                            "a block has")
     unrolled = bound_unrolling(sch, func, infos, mapping,
                                on_chip_inputs(sch, func, dec, per_row) - rolled,
-                               loads_room(launch, per_row),
+                               shared_reads(dec),
+                               loads_room(launch, per_row + held_registers(sch, dec, mapping)),
                                frozenset(h.name for h in dec.held),
                                bool(choices.vector_reads), rolled)
     return replace(group, mapping=mapping, inlined=tuple(dec.inlined),
@@ -311,6 +312,17 @@ def on_chip_inputs(sch: s_tir.Schedule, func: tirx.PrimFunc, dec: Decisions,
     kept = {s.name for s in dec.staged} | {b.name for b in dec.block_shared} \
         | {h.name for h in dec.held}
     return kept | ({p.name for p in reread_params(sch, func, dec)} if cached else set())
+
+
+def shared_reads(dec: Decisions) -> frozenset[str]:
+    """The Regional intermediates a thread loads from shared memory beside a row it holds in
+    registers, which ``unrolling.bound_unrolling`` counts in flight as streamed inputs: a
+    transpose of one over rows of 20000 beside 20 held elements a thread of 1024 spilled
+    36 B on sm_80 unrolled whole (fuzz 12028:363 at that width). None without a held row:
+    a LayerNorm's last phase over sub-rows of 8192, 4 steps of a float4 of a streamed scale
+    and shift and of a Regional intermediate unrolled at a time, keeps within 64 registers
+    (fuzz graph 9005:41)."""
+    return frozenset(s.name for s in dec.regional) if dec.held else frozenset()
 
 
 def _reads_of(sch: s_tir.Schedule, param: tirx.Buffer, infos: dict[str, BlockRows]

@@ -1,13 +1,15 @@
 """Unrolling: how far nvcc may unroll a thread's loop over its row elements.
 
 nvcc unrolls a short loop over a thread's elements fully, a long one a few steps at a time
-(``occupancy.unrolled_steps``), and issues every global load of the steps it unrolls before
-the first use. A block that streams several inputs from global memory (read once, neither
-staged nor held) then has all their elements of those steps in flight, a register each; where
-that exceeds what the thread's register cap leaves beside its cached elements
-(``occupancy.loads_room``), the plan bounds the unrolling of that block's element loop
-(``Group.unrolled``; emission annotates the loop). Still a register's worth of loads in flight
-per element the room allows: far more than a memory-bound kernel needs to cover the latency.
+(``occupancy.unrolled_steps``), and issues every load of the steps it unrolls before the
+first use. A block that streams inputs from global memory (read once, neither held nor
+cached in registers), or beside a held row reads Regional intermediates in shared memory
+(``rows.shared_reads``), then has all their elements of those steps in flight, a register
+each; where that exceeds what the thread's register cap leaves beside its cached and held
+elements (``occupancy.loads_room``), the plan bounds the unrolling of that block's element
+loop (``Group.unrolled``; emission annotates the loop). Still a register's worth of loads in
+flight per element the room allows: far more than a memory-bound kernel needs to cover the
+latency.
 """
 
 from __future__ import annotations
@@ -23,33 +25,33 @@ from ..vectors import spatial_block
 
 
 def bound_unrolling(sch: s_tir.Schedule, func: tirx.PrimFunc, infos: dict[str, BlockRows],
-                    mapping: ThreadMapping, on_chip: set[str], room: int,
-                    held: frozenset[str], vector_reads: bool = False,
+                    mapping: ThreadMapping, on_chip: set[str], shared: frozenset[str],
+                    room: int, held: frozenset[str], vector_reads: bool = False,
                     rolled: frozenset[str] = frozenset()) -> tuple[Unrolled, ...]:
     """The row blocks (``infos``) of ``sch`` whose element loops, as nvcc would unroll them
-    under ``mapping``, would have more elements of the inputs they stream (the inputs of
-    ``func`` other than ``on_chip``: staged, held or cached in registers) in flight than
-    ``room``, each with the most steps that keep within it and divide its loop (emission
-    unrolls runs of them; one at least). Reductions read one element a step, or with
-    ``vector_reads`` (``Choices.vector_reads``) a vector. A block reading one of the
-    ``rolled`` inputs (``rows.rolled_rereads``) unrolls fewer steps than it has, so that
-    nvcc keeps none of their elements in registers from one loop to the next. A block
-    reading an input ``held`` in registers (``registers.hold_inputs``) is left whole: its
-    loop indexes the held copy, which only a fully unrolled loop keeps in registers.
-    None for rows of run-time length (a loop nvcc does not unroll) or a mapping without an
-    element loop per thread."""
+    under ``mapping``, would have more elements of what they load (the inputs of ``func``
+    they stream, other than ``on_chip``: staged, held or cached in registers; and the
+    ``shared`` intermediates) in flight than ``room``, each with the most steps that keep
+    within it and divide its loop (emission unrolls runs of them; one at least). Reductions
+    read one element a step, or with ``vector_reads`` (``Choices.vector_reads``) a vector.
+    A block reading one of the ``rolled`` inputs (``rows.rolled_rereads``) unrolls fewer
+    steps than it has, so that nvcc keeps none of their elements in registers from one loop
+    to the next. A block reading an input ``held`` in registers (``registers.hold_inputs``)
+    is left whole: its loop indexes the held copy, which only a fully unrolled loop keeps in
+    registers. None for rows of run-time length (a loop nvcc does not unroll) or a mapping
+    without an element loop per thread."""
     if mapping.length_expr or mapping.kind not in (MappingKind.BLOCK_PER_ROW,
                                                    MappingKind.WARP_PER_ROW,
                                                    MappingKind.STRIDED_ROWS):
         return ()
     written = {p.name for p in written_params(func, sch)}
-    streamed = {p.name: p for p in buffer_params(func)
-                if p.name not in written and p.name not in on_chip}
+    loaded = {p.name for p in buffer_params(func)
+              if p.name not in written and p.name not in on_chip} | shared
     bounded = []
     for block in child_blocks(sch):
         name, stmt = name_of(sch, block), sch.get(block)
         info = infos.get(name)
-        inputs = {r.source.name: r.source for r in stmt.reads if r.source.name in streamed}
+        inputs = {r.source.name: r.source for r in stmt.reads if r.source.name in loaded}
         if info is None or not inputs or any(r.source.name in held for r in stmt.reads):
             continue
         lanes = mapping.vector if spatial_block(stmt) or vector_reads else 1
