@@ -7,9 +7,12 @@ steps under the row-end guard, and nvcc, which does not bound ``threadIdx.x`` by
 size, kept the guard (a branch) on each unrolled step. Fuzz seed 12027 graph 159: the same
 on a persistent grid (a log-softmax and a floor over 64 rows of 30000 beside the rows'
 minima summed over the rows), whose readers the earlier split of their walks skipped: 44 B
-spilled on sm_80, 32 B on sm_90. The element-wise readers of a held copy now state the guard
-per step (``step < 29 or threadIdx.x < 304``), which nvcc folds to true on every unrolled
-step but the last. Owner: schedule/registers.py (``guard_last_steps``)."""
+spilled on sm_80, 32 B on sm_90. Fuzz seed 12029 graph 422: a softmax, a log-softmax of it
+and its minima over 2 rows of 30000 held the same way, five reductions each testing every
+step: 8-24 B spilled. The readers of a held copy now state the guard per step
+(``step < 29 or threadIdx.x < 304``), which nvcc folds to true on every unrolled step but
+the last; a reduction's after its cross-thread reduction is lowered. Owner:
+schedule/registers.py (``guard_last_steps``)."""
 
 from __future__ import annotations
 
@@ -62,10 +65,23 @@ def _log_softmax_beside_rows_minimum(length: int) -> object:
                  {"last": np.array([1], np.int64), "first": np.array([0], np.int64)})
 
 
+def _softmax_log_softmax_minimum(length: int) -> object:
+    """Fuzz 12029:422: a softmax, a log-softmax of it and its row minima beside the mean of
+    x, over 2 rows held in registers, a block of 1024 threads a row: five reductions over
+    the held copy, each under the row guard."""
+    nodes = [helper.make_node("Softmax", ["x"], ["s"], axis=-1),
+             helper.make_node("LogSoftmax", ["s"], ["y"], axis=1),
+             helper.make_node("ReduceMin", ["s", "last"], ["m"], keepdims=0),
+             helper.make_node("ReduceMean", ["x", "last"], ["a"], keepdims=0)]
+    return model(nodes, {"x": [2, length]}, {"y": [2, length], "m": [2], "a": [2]},
+                 {"last": np.array([1], np.int64)})
+
+
 def _guards_beyond_the_last_step(kernel: tirx.PrimFunc) -> int:
-    """Row guards (conditions on a loop's step and the thread index) over stores to global
-    memory inside a loop of more than one step that do not fold to true, for every step but
-    the last, knowing nothing of the thread indices (what nvcc knows of them)."""
+    """Row guards (conditions on a loop's step and the thread index) over stores inside a
+    loop of more than one step (an output's, or a reduction's update in registers) that do
+    not fold to true, for every step but the last, knowing nothing of the thread indices
+    (what nvcc knows of them)."""
     found = 0
 
     def in_loop(loop: tirx.For) -> None:
@@ -79,8 +95,7 @@ def _guards_beyond_the_last_step(kernel: tirx.PrimFunc) -> int:
             tvm_ffi.structural_walk(condition.then_case, [(tirx.BufferStore, stores.append)])
             names: list[tvm.ir.Var] = []
             tvm_ffi.structural_walk(condition.condition, [(tvm.ir.Var, names.append)])
-            if not any(s.buffer.scope() == "global" for s in stores) \
-                    or not any(v.same_as(loop.loop_var) for v in names) \
+            if not stores or not any(v.same_as(loop.loop_var) for v in names) \
                     or not any(v.name.startswith("threadIdx") for v in names):
                 continue
             for step in range(int(loop.extent) - 1):
@@ -96,7 +111,8 @@ def _guards_beyond_the_last_step(kernel: tirx.PrimFunc) -> int:
 
 
 CASES = {"softmax, three outputs": _softmax_three_outputs,
-         "persistent grid, log-softmax": _log_softmax_beside_rows_minimum}
+         "persistent grid, log-softmax": _log_softmax_beside_rows_minimum,
+         "five reductions": _softmax_log_softmax_minimum}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

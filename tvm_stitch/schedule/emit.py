@@ -142,7 +142,7 @@ def kernel(func: tirx.PrimFunc, group: Group) -> Kernel:
         workspaces = tuple(lifted)
     if group.launch is not None:
         out = with_launch_bounds(out, group.launch.blocks_per_sm)
-    return Kernel(keep_write_back_guards(guard_last_steps(out, group)), state, workspaces)
+    return Kernel(guard_last_steps(keep_write_back_guards(out), group), state, workspaces)
 
 
 def emit(func: tirx.PrimFunc, group: Group) -> s_tir.Schedule:

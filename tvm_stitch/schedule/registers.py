@@ -15,20 +15,22 @@ registers that keep a 32-slot row spill-free in a 1024-thread block). The extra 
 the cache line the step loads anyway, but the traffic count (which reads the TIR) includes
 them.
 
-The element-wise readers of a copy cannot run past the row's end (they write outputs), so
-``guard_last_steps`` states their guard per step instead: TVM writes the row-end test of step
-``s`` and lane ``t`` as ``s * 64 + (t >> 4) < 1875`` (rows of 30000 on 1024 threads), and
-nvcc, which does not bound ``threadIdx.x`` by the block size, keeps it on every unrolled step;
-``s < 29 or t < 304`` folds to true on all steps but the last. A softmax over rows of 30000
-holding 30 elements per thread of a 1024-thread block with three element-wise outputs spilled
-40 to 48 B at the 64 registers of its launch bound (fuzz case stitch-s4242-g38), a
+The readers of a copy cannot run past the row's end (they write outputs, or reduce the row),
+so ``guard_last_steps`` states their guard per step instead: TVM writes the row-end test of
+step ``s`` and lane ``t`` as ``s * 64 + (t >> 4) < 1875`` (rows of 30000 on 1024 threads),
+and nvcc, which does not bound ``threadIdx.x`` by the block size, keeps it on every unrolled
+step; ``s < 29 or t < 304`` folds to true on all steps but the last. A softmax over rows of
+30000 holding 30 elements per thread of a 1024-thread block with three element-wise outputs
+spilled 40 to 48 B at the 64 registers of its launch bound (fuzz case stitch-s4242-g38), a
 log-softmax and a floor on a persistent grid 44 B (fuzz 12027:159), and none so guarded. The
 guard is restated on the finished kernel, which keeps the persistent grid's blocks whole (an
 earlier split of the readers' walks copied blocks its phases are cut by: fuzz case
-stitch-s2027-g139). A reduction keeps its guard: TVM's LowerCrossThreadReduction does not
-lower a block under the restated one (each thread reduced its own elements). An input
-re-read from global memory by several blocks is kept in registers by nvcc alike, and its
-element-wise readers' guards are restated the same way.
+stitch-s2027-g139). A reduction's guard is restated once its cross-thread reduction is
+lowered: TVM's LowerCrossThreadReduction takes no block under the restated guard for a
+reduction (each thread reduced its own elements). Five reductions of a row of 30000 held
+that way (a softmax, a log-softmax of it, their minima: fuzz 12029:422) spilled 8-24 B with
+the guard on every step, none without. An input re-read from global memory by several blocks
+is kept in registers by nvcc alike, and its readers' guards are restated the same way.
 """
 
 from __future__ import annotations
@@ -89,27 +91,20 @@ def _loop_ranges(func: tirx.PrimFunc) -> Analyzer:
 
 
 def guard_last_steps(func: tirx.PrimFunc, group: Group) -> tirx.PrimFunc:
-    """``func`` (the finished kernel of ``group``) with the row guard of every element-wise
-    block that reads a held copy, or an input several blocks re-read from global memory,
-    stated per
+    """``func`` (the finished kernel of ``group``) with the row guard of every block that
+    reads a held copy, or an input several blocks re-read from global memory, stated per
     step: ``step * P + t < L`` (``P`` threads, ``t`` the thread's lane, ``step`` over the
     ``ceil(L / P)`` steps) becomes ``step < L // P or t < L % P``, which the unrolled whole
     steps fold to true (see the module docstring). Restated on the finished kernel: a
-    schedule cannot prove that a block under such a guard covers what it writes."""
-    blocks: list[s_tir.stmt.SBlock] = []
-    tvm_ffi.structural_walk(func.body, [(s_tir.stmt.SBlock, blocks.append)])
-    copies = {f"{name}_{LOCAL}" for name in held_inputs(group)}
-    watched = [w.source for b in blocks if b.name_hint in copies for w in b.writes]
-    inputs = {b.name for b in group.buffers
-              if b.role is BufferRole.INPUT and b.level is StorageLevel.GLOBAL}
-    for param in buffer_params(func):
-        # nvcc keeps an input re-read by several blocks in registers between its unrolled
-        # reads as it keeps a held copy: a guard on every step of a LayerNorm's reader over
-        # rows of 32639 on 1024 threads cost 8 B of spills on sm_80 (fuzz case 818987:14)
-        if param.name in inputs and sum(_reads(b, param) for b in blocks) > 1:
-            watched.append(param)
-    names = {b.name_hint for b in blocks if any(_reads(b, buffer) for buffer in watched)
-             and all(int(iv.iter_type) == tirx.IterVar.DataPar for iv in b.iter_vars)}
+    schedule cannot prove that a block under such a guard covers what it writes. Where a
+    reduction is among those blocks, its cross-thread reduction is lowered first
+    (``LowerCrossThreadReduction``, which TVM's pipeline runs again to no effect): the pass
+    does not take a reduction under the restated guard for one, and each thread reduced its
+    own elements."""
+    names = _guarded_readers(func, group)
+    if any(not _element_wise(b) for b in _sblocks(func) if b.name_hint in names):
+        func = s_tir.transform.LowerCrossThreadReduction()(tvm.IRModule({"main": func}))["main"]
+        names = _guarded_readers(func, group)
     if not names:
         return func
     ana = _loop_ranges(func)
@@ -129,6 +124,35 @@ def guard_last_steps(func: tirx.PrimFunc, group: Group) -> tirx.PrimFunc:
         return s_tir.stmt.SBlockRealize(realize.iter_values, predicate, realize.block)
 
     return tvm_ffi.structural_map(func, [(s_tir.stmt.SBlockRealize, on_realize)])
+
+
+def _sblocks(func: tirx.PrimFunc) -> list[s_tir.stmt.SBlock]:
+    """Every block of ``func``."""
+    blocks: list[s_tir.stmt.SBlock] = []
+    tvm_ffi.structural_walk(func.body, [(s_tir.stmt.SBlock, blocks.append)])
+    return blocks
+
+
+def _element_wise(block: s_tir.stmt.SBlock) -> bool:
+    """Whether ``block`` has data-parallel iterators only."""
+    return all(int(iv.iter_type) == tirx.IterVar.DataPar for iv in block.iter_vars)
+
+
+def _guarded_readers(func: tirx.PrimFunc, group: Group) -> set[str]:
+    """The blocks of ``func`` that read a held copy of ``group``, or an input several of its
+    blocks re-read from global memory."""
+    blocks = _sblocks(func)
+    copies = {f"{name}_{LOCAL}" for name in held_inputs(group)}
+    watched = [w.source for b in blocks if b.name_hint in copies for w in b.writes]
+    inputs = {b.name for b in group.buffers
+              if b.role is BufferRole.INPUT and b.level is StorageLevel.GLOBAL}
+    for param in buffer_params(func):
+        # nvcc keeps an input re-read by several blocks in registers between its unrolled
+        # reads as it keeps a held copy: a guard on every step of a LayerNorm's reader over
+        # rows of 32639 on 1024 threads cost 8 B of spills on sm_80 (fuzz case 818987:14)
+        if param.name in inputs and sum(_reads(b, param) for b in blocks) > 1:
+            watched.append(param)
+    return {b.name_hint for b in blocks if any(_reads(b, buffer) for buffer in watched)}
 
 
 def _reads(block: s_tir.stmt.SBlock, buffer: tirx.Buffer) -> bool:
