@@ -97,6 +97,7 @@ class DemotionKind(StrEnum):
     ROWS_IN_COLUMN_TILES = "rows in column tiles"  # nothing staged per row: tasks take parts
     ONE_PERMUTED_ROW = "one permuted row"  # a block per row, for an input staged per row
     PERMUTED_REREAD = "permuted re-read"  # an input staged per permuted row, re-read
+    HELD_REREAD = "held re-read"  # a held input re-read: its readers load from shared memory
 
 
 @dataclass(frozen=True)
@@ -145,6 +146,10 @@ _DEMOTION_TEXT = {
     DemotionKind.PERMUTED_REREAD:
         "input {subject} re-read from global memory: read at permuted rows, the {before} rows "
         "a block packs lie apart in it",
+    DemotionKind.HELD_REREAD:
+        "input {subject} re-read from global memory, not held: its {before} registers a "
+        "thread and the loads from shared memory its readers have in flight beside them "
+        "would take {after}, more than {budget}",
 }
 
 

@@ -8,7 +8,7 @@ from dataclasses import replace
 from tvm import s_tir, tirx
 
 from ...plan import Buffer, BufferRole, Demotion, DemotionKind, StorageLevel, ThreadMapping
-from ..blocks import child_blocks, inline
+from ..blocks import child_blocks, inline, readers
 from ..mapping import with_rows_per_block
 from ..rows import Unstitchable
 from ..vectors import HALF_MATH_CALLS, half_math_calls
@@ -20,7 +20,9 @@ def fit_budget(sch: s_tir.Schedule, dec: Decisions, mapping: ThreadMapping,
     """Demote staging one buffer at a time until the block's shared memory fits ``budget``;
     an input staged per row whose readers read only their own elements goes to registers
     when each thread holds few enough of them (``hold``; ``registers`` per thread are
-    already taken, by a Global group's partial sums), else to global memory."""
+    already taken, by a Global group's partial sums), else to global memory; and a held
+    input whose readers load too much from shared memory beside it goes to global memory
+    after all (``_reread_beside_shared_loads``)."""
     while shared_bytes_of(dec, mapping) > budget:
         used = shared_bytes_of(dec, mapping)
         if dec.staged:
@@ -64,6 +66,7 @@ def fit_budget(sch: s_tir.Schedule, dec: Decisions, mapping: ThreadMapping,
         else:
             raise Unstitchable(f"{used} B of shared memory > {budget} B with every "
                                "staged buffer demoted")
+    _reread_beside_shared_loads(sch, dec, mapping)
     return mapping
 
 
@@ -99,6 +102,37 @@ def hold(sch: s_tir.Schedule, dec: Decisions, staging: Staging, mapping: ThreadM
         return False
     dec.held.append(replace(staging, note=f"{slots} element(s) of the row per thread"))
     return True
+
+
+HELD_AND_LOADS_REGISTERS = 48
+"""Most registers the held elements of a row and the loads from shared memory beside them in
+their readers' loops take in a thread (those loops index the held copy, so nvcc unrolls them
+whole and issues every load first): three quarters of the 64 a thread of 1024 may use. Fuzz
+12028:363, a ``where`` of a held row and of a boolean intermediate in shared memory, over rows
+of 24000 on 1024 threads (24 held elements and 24 loads) keeps within 64 registers; over
+26000, 16 B spilled on sm_80 in one order of its blocks, over 30000 52 B."""
+
+
+def _reread_beside_shared_loads(sch: s_tir.Schedule, dec: Decisions,
+                                mapping: ThreadMapping) -> None:
+    """Re-read from global memory each held input of ``dec`` whose elements a thread holds,
+    with the Regional intermediates one of its readers loads from shared memory at each of
+    them, take more than ``HELD_AND_LOADS_REGISTERS`` registers under ``mapping``."""
+    regional = {s.name for s in dec.regional}
+    params = {p.name: p for p in sch.mod["main"].params}
+    for held in list(dec.held):
+        param = params[held.name]
+        loads = max((len({r.source.name for r in sch.get(b).reads} & regional)
+                     for b in readers(sch, param)), default=0)
+        slots = _register_slots(held, mapping, param)
+        registers = slots * _element_registers(param)
+        if loads and registers + slots * loads > HELD_AND_LOADS_REGISTERS:
+            dec.held.remove(held)
+            dec.global_reads.append(Buffer(held.name, BufferRole.INPUT, StorageLevel.GLOBAL, 0,
+                                           "demoted: re-read from global memory"))
+            dec.demotions.append(Demotion(DemotionKind.HELD_REREAD, held.name,
+                                          before=registers, after=registers + slots * loads,
+                                          budget=HELD_AND_LOADS_REGISTERS))
 
 
 def held_registers(sch: s_tir.Schedule, dec: Decisions, mapping: ThreadMapping) -> int:
