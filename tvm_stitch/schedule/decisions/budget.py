@@ -96,7 +96,7 @@ def hold(sch: s_tir.Schedule, dec: Decisions, staging: Staging, mapping: ThreadM
     graph 1207:27). Nor beside ``vectors.HALF_MATH_CALLS`` transcendentals on float16."""
     param = next(p for p in sch.mod["main"].params if p.name == staging.name)
     slots = _register_slots(staging, mapping, param)
-    if not staging.own or slots * _element_registers(param) + taken > REGISTER_ROW_ELEMENTS \
+    if not staging.own or _registers_held(staging, mapping, param) + taken > REGISTER_ROW_ELEMENTS \
             or mapping.length_expr \
             or half_math_calls(sch, child_blocks(sch)) >= HALF_MATH_CALLS:
         return False
@@ -125,7 +125,7 @@ def _reread_beside_shared_loads(sch: s_tir.Schedule, dec: Decisions,
         loads = max((len({r.source.name for r in sch.get(b).reads} & regional)
                      for b in readers(sch, param)), default=0)
         slots = _register_slots(held, mapping, param)
-        registers = slots * _element_registers(param)
+        registers = _registers_held(held, mapping, param)
         if loads and registers + slots * loads > HELD_AND_LOADS_REGISTERS:
             dec.held.remove(held)
             dec.global_reads.append(Buffer(held.name, BufferRole.INPUT, StorageLevel.GLOBAL, 0,
@@ -138,8 +138,12 @@ def _reread_beside_shared_loads(sch: s_tir.Schedule, dec: Decisions,
 def held_registers(sch: s_tir.Schedule, dec: Decisions, mapping: ThreadMapping) -> int:
     """Registers the inputs ``dec`` holds take in each thread under ``mapping``."""
     params = {p.name: p for p in sch.mod["main"].params}
-    return sum(_register_slots(h, mapping, params[h.name]) * _element_registers(params[h.name])
-               for h in dec.held)
+    return sum(_registers_held(h, mapping, params[h.name]) for h in dec.held)
+
+
+def _registers_held(staging: Staging, mapping: ThreadMapping, param: tirx.Buffer) -> int:
+    """Registers the elements of the input ``staging`` (``param``) each thread holds take."""
+    return _register_slots(staging, mapping, param) * _element_registers(param)
 
 
 def _register_slots(staging: Staging, mapping: ThreadMapping, param: tirx.Buffer) -> int:
