@@ -59,3 +59,29 @@ def test_groups_that_need_more_kernels_than_tvm_for_their_ops_fall_back() -> Non
     mine, tvms = (analyze(m) for m in (stitched, pipeline.lower(mod, "cuda:sm_90", "baseline")))
     assert (len(mine.kernels), mine.global_bytes) == (len(tvms.kernels), tvms.global_bytes)
     assert check_model(model, "stitch", resources=False).kind == "ok"
+
+
+def _transpose_beside_a_column_softmax() -> object:
+    """Fuzz graph 12032:231: a softmax down the 128 rows of x (128, 1, 13) falls back
+    (costlier), and the transpose of x it was grouped with is left alone, apart from the
+    comparison and the where that read it broadcast and that TVM fuses it with."""
+    g = GraphBuilder("transpose_beside_softmax")
+    x, y = g.input("x", (128, 13)), g.input("y", (128, 1))
+    rows = g.op("Reshape", x, g.constant([128, 1, -1], dtype=np.int64))
+    moved = g.op("Transpose", rows, perm=[2, 0, 1])
+    return g.model([g.op("Softmax", rows, axis=0),
+                    g.op("Where", g.op("LessOrEqual", moved, x), moved, y)])
+
+
+def test_ops_left_out_of_the_groups_count_among_their_kernels() -> None:
+    # the comparison and the where stitched, the transpose alone: 3 kernels and 386,048 B
+    # where TVM's flow runs 2 kernels and 372,736 B
+    model = _transpose_beside_a_column_softmax()
+    mod = import_model(model)
+    stitched = pipeline.lower(mod, "cuda:sm_90", "stitch")
+    reasons = [f.reason for f in StitchPlan.of_module(stitched).fallbacks]
+    assert ("1 stitched kernels, and at least 1 more for ops left out of them, for ops that "
+            "TVM's fusion runs in 1") in reasons, reasons
+    mine, tvms = (analyze(m) for m in (stitched, pipeline.lower(mod, "cuda:sm_90", "baseline")))
+    assert (len(mine.kernels), mine.global_bytes) == (len(tvms.kernels), tvms.global_bytes)
+    assert check_model(model, "stitch", resources=False).kind == "ok"

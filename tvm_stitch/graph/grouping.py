@@ -257,7 +257,9 @@ SINGLE_OP = "a single injective op: nothing to stitch"
 VIEWS_ONLY = "reshapes only: TVM makes them views, nothing to stitch"
 DUPLICATE_VIEW = ("a reshape of a group's input or other output: a view of it, nothing to "
                   "stitch")
-NOTHING_TO_STITCH = (SINGLE_OP, VIEWS_ONLY, DUPLICATE_VIEW)
+FUSED_VIEW = ("copies that TVM's fusion makes one view of their input (transposes that "
+              "cancel): nothing to stitch")
+NOTHING_TO_STITCH = (SINGLE_OP, VIEWS_ONLY, DUPLICATE_VIEW, FUSED_VIEW)
 """Reasons that leave ops to TVM because stitching them would save nothing."""
 
 

@@ -12,7 +12,7 @@ from tvm.ir import IRModule
 from ..plan import ComputeOp, Fallback, Group, Refusal
 from .dataflow import DataflowGraph, dataflow_graphs
 from .dominants import analyse, group_outputs
-from .grouping import OpGroup, group_ops
+from .grouping import FUSED_VIEW, OpGroup, group_ops
 from .operands import Limits
 from .tvm_fusion import FusedGroup, resolve, tvm_fusion_groups
 
@@ -35,9 +35,12 @@ def draft_plan(mod: IRModule, excluded: dict[str, str] | None = None,
                cuts: frozenset[tuple[str, str]] = frozenset()) -> Draft:
     """Group the memory-intensive ops of ``mod[func_name]``; ``excluded`` maps op names that
     must fall back to the reason; ``tvm_groups`` are TVM's FuseOps groups of ``mod``
-    (computed when not given); ``absorb``, ``apart`` and ``cuts`` as for ``group_ops``."""
+    (computed when not given): a group of nothing but copies that TVM fuses into views
+    falls back; ``absorb``, ``apart`` and ``cuts`` as for ``group_ops``."""
     if tvm_groups is None:
         tvm_groups = tvm_fusion_groups(mod).groups
+    views = frozenset(v for g in tvm_groups if len(g.members) > 1 and g.compulsory_bytes == 0
+                      for v in g.members)
     draft = Draft(dataflow_graphs(mod, func_name))
     for graph in draft.graphs:
         grouping = group_ops(graph, excluded, resolve(graph, tvm_groups), absorb, apart, cuts)
@@ -46,6 +49,9 @@ def draft_plan(mod: IRModule, excluded: dict[str, str] | None = None,
         draft.refusals.extend(grouping.refusals)
         draft.operands.extend(grouping.operands)
         for og in grouping.groups:
+            if all(n.var in views for n in og.nodes):
+                draft.fallbacks.append(Fallback(tuple(n.label for n in og.nodes), FUSED_VIEW))
+                continue
             dominants, edges = analyse(og)
             entry = Group(
                 id=len(draft.groups),

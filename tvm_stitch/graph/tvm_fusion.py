@@ -15,12 +15,13 @@ operands (its *value key*), never by name.
 from __future__ import annotations
 
 from collections.abc import Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import tvm
 import tvm_ffi
-from tvm import relax, tirx
+from tvm import relax, s_tir, tirx
 from tvm.ir import IRModule
+from tvm.s_tir.dlight.analysis import get_root_block
 
 from ..analysis.report import static_bytes
 from .dataflow import DataflowGraph, is_call_tir
@@ -90,7 +91,40 @@ def tvm_fusion_groups(mod: IRModule, func_name: str = "main") -> TVMFusion:
             sizes = [static_bytes(p.ty) for p in callee.params] + [static_bytes(callee.ret_ty)]
             compulsory = None if None in sizes else sum(sizes)
             groups.append(FusedGroup(binding.value.op.name_hint, frozenset(members), compulsory))
+    copies = [i for i, g in enumerate(groups) if len(g.members) > 1
+              and _may_be_view(fused, fused[g.function])]
+    if copies:
+        fused_tir = relax.transform.FuseTIR()(fused)
+        for i in copies:
+            if _inlined_view(fused_tir[groups[i].function]):
+                groups[i] = replace(groups[i], compulsory_bytes=0)
     return TVMFusion(fused, groups)
+
+
+_INJECTIVE = 2
+"""``OpPatternKind::kInjective``: AnnotateTIROpPattern's ``op_pattern`` of a copy."""
+
+
+def _may_be_view(fused: IRModule, callee: relax.Function) -> bool:
+    """Whether FuseOps' function ``callee`` may be a view: one tensor in, one out, and only
+    injective PrimFuncs called."""
+    calls = [b.value for b in _bindings(callee.body) if is_call_tir(b.value)]
+    return len(callee.params) == 1 and isinstance(callee.ret_ty, relax.TensorType) \
+        and all(int(fused[c.args[0]].attrs["op_pattern"]) <= _INJECTIVE for c in calls)
+
+
+def _inlined_view(func: tirx.PrimFunc) -> bool:
+    """Whether TVM makes the fused copy ``func`` a view: once dlight's rules inline all but
+    its last block, RewriteDataflowReshape finds a reshape in it (two transposes that cancel,
+    fuzz graph 12031:139). The unfused blocks alone do not show it."""
+    sch = s_tir.Schedule(func)
+    blocks = list(sch.get_child_blocks(get_root_block(sch)))
+    try:
+        for block in blocks[:-1]:
+            sch.compute_inline(block)
+    except s_tir.ScheduleError:
+        return False
+    return bool(relax.analysis.has_reshape_pattern(sch.mod["main"]))
 
 
 def _single(mod: IRModule, binding: relax.Binding, var: relax.Var) -> FusedGroup:

@@ -26,7 +26,8 @@ from tvm.ir import IRModule
 from tvm.target import Target
 
 from ..analysis.report import estimated_us, global_bytes
-from ..graph.grouping import OpGroup, broadcast_cuts, pieces
+from ..graph.copies import Copy
+from ..graph.grouping import FUSED_VIEW, OpGroup, broadcast_cuts, pieces
 from ..graph.operands import Limits
 from ..graph.ops import OPAQUE
 from ..graph.planner import Draft, draft_plan
@@ -147,9 +148,9 @@ def _stitch_kept(mod: IRModule, target: Target | None
 
 def _unstitched_sites(fallbacks: list[Fallback], origins: dict[str, str]) -> frozenset[str]:
     """The bindings rewritten by ``mixed_reductions`` (``origins``) an op of which, not a
-    view, falls back."""
-    return frozenset(origins[name] for f in fallbacks for name, _, callee in
-                     (op.partition(":") for op in f.ops)
+    view, falls back (nor a copy that TVM's fusion makes a view)."""
+    return frozenset(origins[name] for f in fallbacks if f.reason != FUSED_VIEW
+                     for name, _, callee in (op.partition(":") for op in f.ops)
                      if name in origins and callee not in _VIEWS)
 
 
@@ -207,7 +208,7 @@ def _stitch_rounds(mod: IRModule, target: Target | None,
             limits.read_only | {e.op for e, _ in refused if e.writes_through},
             limits.alone | {e.op for e, _ in refused if not e.writes_through})
         extra = [] if failures or refused or yardstick is None else yardstick.extra_kernels(
-            [frozenset(n.var for n in og.nodes) for og, _ in draft.groups])
+            *_stitched_and_launching(draft))
         for indices, reason in extra:
             for i in indices:
                 ops = draft.groups[i][1].ops
@@ -219,6 +220,21 @@ def _stitch_rounds(mod: IRModule, target: Target | None,
     draft = Draft(draft.graphs, compute=draft.compute, refusals=draft.refusals)
     return mod, [], draft, failed, (f"gave up stitching after {MAX_ROUNDS} rounds of failing "
                                     "groups",)
+
+
+def _stitched_and_launching(draft: Draft) -> tuple[list[frozenset[relax.Var]],
+                                                    frozenset[relax.Var]]:
+    """The ops of each drafted group, and the ops left out of every group that launch a
+    kernel for ``Yardstick.extra_kernels``: all but views and the copies a compute kernel
+    absorbs (they run in it, and TVM runs that op in a kernel too)."""
+    stitched = [frozenset(n.var for n in og.nodes) for og, _ in draft.groups]
+    absorbed = [n.var for og, entry in draft.operands for n in og.nodes
+                if n.label != entry.op]
+    grouped = frozenset().union(*stitched, absorbed)
+    launching = frozenset(n.var for graph in draft.graphs for n in graph.nodes
+                          if n.info is not None and n.info.copy is not Copy.VIEW
+                          and n.var not in grouped)
+    return stitched, launching
 
 
 def _broadcast_cut(og: OpGroup, cuts: frozenset[tuple[str, str]],
