@@ -129,6 +129,18 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
 
 
 @pytest.fixture
+def columns_as_global(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Column reductions of few rows stitched by Global stitching, not read as strided rows
+    of a transposed view (``mixed_reduction._strided_columns`` finds none), for tests of
+    the Global machinery (column tiles of one row tile, partial sums that fit nowhere
+    whole) on a column reduction alone over a parameter, which the stitch flow reads as
+    strided rows. The machinery serves the same reductions of what element-wise ops make,
+    or beside rows of their input (``test_column_tiles_wave``'s means beside rows)."""
+    from tvm_stitch.transform import mixed_reduction
+    monkeypatch.setattr(mixed_reduction, "_strided_columns", lambda func: set())
+
+
+@pytest.fixture
 def global_at_any_cost(monkeypatch: pytest.MonkeyPatch) -> None:
     """Global groups stitched whatever the estimate (``yardstick.TIME_MARGIN`` unbounded),
     for tests of the Global machinery on shapes small enough for the SIMT runner: at those,

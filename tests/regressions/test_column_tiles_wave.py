@@ -57,6 +57,7 @@ def test_column_tiles_are_not_taken_over_an_input_staged_per_row(shape: list[int
     assert outcome.violations == []
 
 
+@pytest.mark.usefixtures("columns_as_global")
 def test_partial_sums_too_large_whole_take_column_tiles_before_registers() -> None:
     # fuzz graph 3301:40: a sum over the leading axis of (8, 12, 64, 64), 8 rows of 49152
     # columns. Whole, the partial sums of a row tile take 196 KB, over a quarter of the
@@ -118,6 +119,7 @@ def test_many_rows_keep_their_row_tiles_beside_partial_sums() -> None:
     assert not any(d.kind is DemotionKind.ROWS_IN_COLUMN_TILES for d in group.demotions)
 
 
+@pytest.mark.usefixtures("columns_as_global")
 def test_a_block_narrows_to_column_tiles_that_divide_the_width() -> None:
     # a sum over the leading 2 of (2, 30000): no multiple of a warp divides 30000, and one
     # task kept 30 partial sums per thread in registers; blocks of 1000 threads take 30
@@ -138,6 +140,7 @@ def test_tile_threads() -> None:
     assert tile_threads(30011, 1024) is None  # a prime: no tile wider than half the block
 
 
+@pytest.mark.usefixtures("columns_as_global")
 def test_column_tiles_beyond_a_wave_where_the_sums_fit_nowhere_else() -> None:
     # fuzz graph 3301:691: a sum over the leading 2 of (2, 3136, 96), 301056 columns. Tiles
     # of 1024 columns are 294 tasks, more than the wave of 132, and 294 partial sums per

@@ -145,6 +145,7 @@ def _stacked_reduction(op: str, rows: int, shape: tuple[int, int], after: str = 
     return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)])
 
 
+@pytest.mark.usefixtures("columns_as_global")
 @pytest.mark.parametrize("shape", [(16, 160), (257, 2)])
 def test_column_space_blocks_stay_in_their_columns(shape: tuple[int, int]) -> None:
     # max(x, 1.5) as a max over a stacked axis: a column reduction of 2 rows whose columns
@@ -159,7 +160,7 @@ def test_column_space_blocks_stay_in_their_columns(shape: tuple[int, int]) -> No
         np.testing.assert_allclose(simt(stacked)[0], np.maximum(x, 1.5))
 
 
-@pytest.mark.usefixtures("global_at_any_cost")
+@pytest.mark.usefixtures("global_at_any_cost", "columns_as_global")
 @pytest.mark.parametrize(("op", "inputs", "shape", "tiles"), [
     ("Max", 2, (4, 768), 3), ("Min", 3, (8, 384), 3), ("Sum", 2, (4, 768), 3),
     ("Max", 3, (2, 1024), 2), ("Sum", 5, (2, 1024), 2)])

@@ -9,12 +9,15 @@ such a reduction is the same reduction of ``permute_dims`` of its input with the
 moved last: a row reduction, whose rows gather the reduced elements of each kept index.
 (Moving them first instead would make a column reduction, but Global stitching reads each
 row of a column reduction as one contiguous run of its input, which a transposed input is
-not.) A softmax or log-softmax over a middle axis is the same op over the last axis of a
-transposed input, transposed back (one over the first axis is a column softmax, which
-Global stitching maps as it is where it has more rows than columns, ``_few_rows``). The
-transpose into the reduction stitches into the reduction's kernel, which reads the input
-through it (grouping merges a transpose that only a reduction reads into that reduction
-first); the one back may be a kernel of its own. A
+not.) A column reduction (over leading axes) of no more rows than columns whose input
+nothing else stitches with reduces a transposed view too (``_strided_columns``): strided
+rows read each element once where Global stitching's partial sums of short row tiles make
+a round trip through global memory. A softmax or log-softmax over a middle axis is the
+same op over the last axis of a transposed input, transposed back (one over the first
+axis is a column softmax, which Global stitching maps as it is where it has more rows than
+columns, ``_few_rows``). The transpose into the reduction stitches into the reduction's
+kernel, which reads the input through it (grouping merges a transpose that only a
+reduction reads into that reduction first); the one back may be a kernel of its own. A
 transposed view of a transpose is one transpose of its source, and none when the two cancel:
 attention pooling (a softmax over the steps of (B, T, E), weighting a sum over them) reads
 the softmax's rows as they are made, one kernel.
@@ -131,6 +134,19 @@ def _function_outputs(func: relax.Function) -> list[relax.Var]:
     return [f for f in fields if isinstance(f, relax.Var)]
 
 
+def _readers(bound: dict[relax.Var, relax.Expr]) -> dict[relax.Var, list[relax.Expr]]:
+    """The values of ``bound`` (``_bound``) that read each variable: calls, tuples and
+    aliases."""
+    read: dict[relax.Var, list[relax.Expr]] = {}
+    for value in bound.values():
+        args = value.args if isinstance(value, relax.Call) else \
+            value.fields if isinstance(value, relax.Tuple) else [value]
+        for arg in args:
+            if isinstance(arg, relax.Var):
+                read.setdefault(arg, []).append(value)
+    return read
+
+
 def _pooled_softmaxes(func: relax.Function) -> set[relax.Call]:
     """The softmax calls of ``func`` whose result a reduction over the softmax's axis
     reads, directly or through at most ``MAX_PUSHED`` element-wise ops (attention pooling:
@@ -179,13 +195,7 @@ def _sinks(func: relax.Function, reductions: bool) -> set[relax.Call]:
     normalisation were two."""
     bound = _bound(func)
     outputs = _function_outputs(func)
-    read: dict[relax.Var, list[relax.Expr]] = {}
-    for value in bound.values():
-        args = value.args if isinstance(value, relax.Call) else \
-            value.fields if isinstance(value, relax.Tuple) else [value]
-        for arg in args:
-            if isinstance(arg, relax.Var):
-                read.setdefault(arg, []).append(value)
+    read = _readers(bound)
     var_of = {v: k for k, v in bound.items() if isinstance(v, relax.Call)}
     # what the chains of candidate sinks make: each is transposed back by the time an
     # element-wise op of two chains (a centred input over its deviation) is rewritten
@@ -291,6 +301,75 @@ def _few_rows(dims: list[int | None], axis: int) -> bool:
     return None not in dims and dims[axis] <= prod(dims[axis + 1:])
 
 
+def _column_permutation(dims: list[int | None], reduced: list[int]) -> list[int] | None:
+    """The order of axes in which a column reduction (over leading axes only) of extents
+    ``dims`` over ``reduced`` reduces trailing axes, when its rows are no more than its
+    columns (``_few_rows``' rule for a column softmax); else None. Read through a transpose,
+    it is a reduction of strided rows, a thread per column reading down its column side by
+    side with the next, each element once, where Global stitching writes a row of partial
+    sums per row tile and reads them back after a grid barrier: with fewer rows than
+    ``tiles.MIN_TILE_ROWS`` a whole row of partial sums for every few rows (a mean of
+    (2, 30000) and its erf: 1.3 MB where its input and results are 480 KB, fuzz graph
+    12032:219)."""
+    if None in dims or not reduced or _trailing(dims, reduced) \
+            or reduction_permutation(dims, reduced) is not None:
+        return None
+    rows = prod(dims[a] for a in reduced)
+    if rows == 1 or rows > prod(dims) // rows:
+        return None
+    return [a for a in range(len(dims)) if a not in reduced] + sorted(reduced)
+
+
+def _strided_columns(func: relax.Function) -> set[relax.Call]:
+    """The column reductions of ``func`` to read through a transpose as strided rows
+    (``_column_permutation``): of a parameter, a constant or a matmul's result that no
+    other memory-intensive op reads but a column reduction over the same axes, and whose
+    result no op makes larger again, directly or after other ops. Global stitching keeps,
+    in one kernel, the column sums beside the row ops of their input or of what makes it
+    (a copy, a softmax), and beside the ops that broadcast the sums back over the rows (a
+    batch norm's normalisation): a transposed reduction would be a kernel apart from them."""
+    bound = _bound(func)
+    read = _readers(bound)
+    var_of = {v: k for k, v in bound.items() if isinstance(v, relax.Call)}
+
+    def axes_of(call: relax.Expr) -> list[int] | None:
+        if not (isinstance(call, relax.Call) and _is(call, REDUCTIONS)):
+            return None
+        dims, reduced = _static_dims(call.args[0]), reduced_axes(call)
+        return None if dims is None or reduced is None \
+            or _column_permutation(dims, reduced) is None else reduced
+
+    def stays_small(var: relax.Var, size: int) -> bool:
+        """Whether no op reading ``var``, directly or after other ops, makes more than
+        ``size`` elements."""
+        seen, frontier = {var}, [var]
+        while frontier:
+            for user in read.get(frontier.pop(), []):
+                if not isinstance(user, relax.Call):
+                    continue
+                dims = _static_dims(user) if isinstance(user.ty, relax.TensorType) else None
+                if dims is None or None in dims or prod(dims) > size:
+                    return False
+                if user in var_of and var_of[user] not in seen:
+                    seen.add(var_of[user])
+                    frontier.append(var_of[user])
+        return True
+
+    found = set()
+    for var, value in bound.items():
+        axes = axes_of(value)
+        data = value.args[0] if axes is not None else None
+        made = bound.get(data) if isinstance(data, relax.Var) else None
+        if data is None or (made is not None and not (isinstance(made, relax.Call)
+                                                      and _is(made, _COMPUTE))) or any(
+                isinstance(user, relax.Call) and not _is(user, _COMPUTE)
+                and axes_of(user) != axes for user in read.get(data, [])):
+            continue
+        if stays_small(var, prod(_static_dims(value))):
+            found.add(value)
+    return found
+
+
 @relax.expr_functor.mutator
 class _MixedReduction(relax.PyExprMutator):
     """Rewrites reductions over axes mixed with kept ones, and softmaxes over a middle axis,
@@ -299,6 +378,7 @@ class _MixedReduction(relax.PyExprMutator):
     outputs: list[relax.Var] = []
     pooled: set[relax.Call] = set()
     sinks: set[relax.Call] = set()
+    strided: set[relax.Call] = set()  # column reductions read as strided rows
     # a sink's result transposed back -> (its rows, the inverse permutation, the names' stem)
     transposed_back: dict[relax.Var, tuple[relax.Var, list[int], str]] = {}
     # (a sink softmax's input, its permutation) -> the view the softmax reads
@@ -317,6 +397,7 @@ class _MixedReduction(relax.PyExprMutator):
         self.outputs = _function_outputs(func) if seq else []
         self.pooled = _pooled_softmaxes(func) if seq else set()
         self.sinks = _sinks(func, self.reduction_sinks) if seq else set()
+        self.strided = _strided_columns(func) if seq else set()
         self.transposed_back = {}
         self.views = {}
         return super().visit_function_(func)
@@ -339,9 +420,10 @@ class _MixedReduction(relax.PyExprMutator):
             return super().visit_call_(call)
         pays = call in self.pooled or call in self.sinks
         sink = call in self.sinks
+        strided = call in self.strided
         call = super().visit_call_(call)
         if _is(call, REDUCTIONS):
-            result = self._reduction(call, sink)
+            result = self._reduction(call, sink, strided)
         elif _is(call, _SOFTMAX):
             result = self._softmax(call, pays, sink)
         elif _is(call, _ELEMENT_WISE):
@@ -468,7 +550,7 @@ class _MixedReduction(relax.PyExprMutator):
                                           name_hint=name)
         return self._emit(_permuted(data, dims, perm), name_hint=name)
 
-    def _reduction(self, call: relax.Call, sink: bool) -> relax.Expr:
+    def _reduction(self, call: relax.Call, sink: bool, strided: bool) -> relax.Expr:
         source = self._alias_of(call.args[0]) if isinstance(call.args[0], relax.Var) else None
         if source is not None and not source.same_as(call.args[0]):
             # a sunk chain's result, read through its alias
@@ -482,7 +564,8 @@ class _MixedReduction(relax.PyExprMutator):
         untransposed = None if sink else self._untransposed(call, dims, reduced)
         if untransposed is not None:
             return untransposed
-        perm = reduction_permutation(dims, reduced)
+        perm = reduction_permutation(dims, reduced) or (
+            _column_permutation(dims, reduced) if strided else None)
         moved = None if perm is None else self._view(data, dims, perm, "reduce_view")
         if moved is None:
             return call
