@@ -103,8 +103,7 @@ class Yardstick:
                 "kernel(s)")
 
     def extra_kernels(self, groups: list[frozenset[relax.Var]],
-                      launching: frozenset[relax.Var] = frozenset()
-                      ) -> list[tuple[list[int], str]]:
+                      launching: frozenset[relax.Var]) -> list[tuple[list[int], str]]:
         """The stitched groups (the ops of each, one kernel each) that run ops TVM's fusion
         runs in fewer kernels: over each set of stitched groups and TVM's kernels linked by
         the ops they share, more kernels of ours than TVM's kernels that are not views. Ours
