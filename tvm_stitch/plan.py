@@ -175,7 +175,9 @@ class Choices:
     reduction (``online_softmax``, ``transform.online_softmax``), whether its sums and sums
     of squares about their means (a variance's) are one online reduction
     (``online_variance``, ``transform.online_variance``), and the blocks per
-    thread-block cluster of a split row group (``cluster``, 1: none; sm_90).
+    thread-block cluster of a split row group (``cluster``, 1: none; sm_90), and whether a
+    Global group's row tiles may leave the last one short (``ragged_tiles``, rows that no
+    divisor splits into about a wave: ``tiles.ragged_tiles``).
     ``schedule.decisions`` applies them and raises Unstitchable for an illegal one; the
     candidate space (``tuning.space``) offers only legal ones."""
 
@@ -193,6 +195,7 @@ class Choices:
     online_softmax: bool | None = None
     online_variance: bool | None = None
     cluster: int | None = None
+    ragged_tiles: bool | None = None
 
     def __str__(self) -> str:
         fixed = [f"{f.name.replace('_', ' ')} {getattr(self, f.name)}" for f in fields(self)
@@ -230,7 +233,9 @@ class ThreadMapping:
     that many row tiles (a persistent grid is one wave, whatever the rows), each walking
     ``max(ceil(rows / row_tiles), row_steps)`` rows at run time (at least ``row_steps``, so
     that few rows leave few tiles of partial sums), past the last row guarded, and a tile
-    past the rows doing nothing.
+    past the rows doing nothing. It is set alike for a static row count that no divisor
+    splits into about a wave (``tiles.ragged_tiles``): ``row_steps`` is then
+    ``ceil(rows / row_tiles)``, and the last tile's rows past the end are guarded.
     """
 
     kind: MappingKind
@@ -288,9 +293,13 @@ class ThreadMapping:
             return (f"flat: {rows} elements, {self.rows_per_block} threads per block"
                     f"{vector}, {blocks}")
         steps = f", {self.row_steps} rows in sequence" if self.row_steps > 1 else ""
-        if self.row_tiles:
+        if self.row_tiles and self.rows_expr:
             steps = f", {self.row_tiles} row tiles of max(ceil({self.rows_expr} / " \
                     f"{self.row_tiles}), {self.row_steps}) rows in sequence"
+        elif self.row_tiles:
+            last = self.rows - (self.row_tiles - 1) * self.row_steps
+            steps = f", {self.row_tiles} row tiles of {self.row_steps} rows in sequence" \
+                    + (f" (the last {last})" if last != self.row_steps else "")
         if self.column_blocks > 1:
             steps += f", {self.column_blocks} blocks per row"
         bound = f"at most {self.length_bound} declared, " if self.length_bound else ""

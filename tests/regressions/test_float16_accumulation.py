@@ -21,6 +21,9 @@ from tvm.ir import IRModule
 
 from tvm_stitch import verify
 from tvm_stitch.analysis import analyze
+from tvm_stitch.plan import StitchPlan
+from tvm_stitch.schedule import decisions
+from tvm_stitch.schedule.rows import Unstitchable
 from tvm_stitch.simt import SimtModule
 from tvm_stitch.testing.differential import check_model, reference_outputs
 from tvm_stitch.workloads import inputs
@@ -94,17 +97,23 @@ def test_tvm_default_flow_sums_float16_in_float16() -> None:
     (helper.make_node("Softmax", ["x"], ["y"], axis=0), [4099, 64]),
     (helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=0), [64]),
 ], ids=["column_softmax", "column_sum"])
-def test_a_float16_reduction_left_to_tvm_is_fused_as_tvm_fuses_it(node, out) -> None:
-    # a column reduction over 4099 rows, a prime count whose tiles fit no wave, falls back to
-    # TVM's fusion. With casts of their own around the float32 reduction, FuseOps fused
-    # neither into it: a cast kernel more, and for the softmax 5.2 MB where TVM's flow moves
-    # 2.1 MB. One float32 PrimFunc per op, with the op pattern of TVM's float16 op, fuses as
-    # TVM's flow does: as many kernels and bytes
+def test_a_float16_reduction_left_to_tvm_is_fused_as_tvm_fuses_it(
+        node, out, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a column reduction over 4099 rows falls back to TVM's fusion (it did while row tiles
+    # had to divide the rows; now the test makes it). With casts of their own around the
+    # float32 reduction, FuseOps fused neither into it: a cast kernel more, and for the
+    # softmax 5.2 MB where TVM's flow moves 2.1 MB. One float32 PrimFunc per op, with the op
+    # pattern of TVM's float16 op, fuses as TVM's flow does: as many kernels and bytes
+    def left_to_tvm(*_args, **_kwargs):
+        raise Unstitchable("left to TVM's fusion by the test")
+
+    monkeypatch.setattr(decisions, "decide_global", left_to_tvm)
     built = model([node], {"x": [4099, 64]}, {"y": out}, {"axes": np.array([0], np.int64)},
                   TensorProto.FLOAT16)
     stitch = verify.compile_model(built, "stitch", "cuda:sm_90")
     baseline = verify.compile_model(built, "baseline", "cuda:sm_90")
     assert _accumulator_dtypes(stitch) == {"float32"}
+    assert StitchPlan.of_module(stitch).fallbacks
     counted, tvm = analyze(stitch), analyze(baseline)
     assert len(counted.kernels) == len(tvm.kernels) == 1
     assert counted.global_bytes == tvm.global_bytes

@@ -4,7 +4,7 @@ fills the wave.
 Fuzz graphs 4242:46, :151, :185 (large 0.05): a column softmax over (257, 5) fell back with
 "257 rows do not split into about one wave of 32 tiles (at most 1)". Row tiles must divide
 the rows, and 257 is prime. On 1285 elements one tile is no loss; on a large tensor the
-refusal stands (schedule/decisions/tiles.py, ``SMALL_GLOBAL_ELEMENTS``), where there are more
+tiles' rows need not divide the rows (``test_ragged_row_tiles.py``), where there are more
 rows than columns: a column softmax of no more rows than columns is strided rows of a
 transposed view (``mixed_reductions``).
 
@@ -80,11 +80,6 @@ def test_a_small_global_kernel_slower_than_tvms_one_kernel_falls_back() -> None:
         "20560 B in 1 kernel(s), partial sums included; the stitched kernel is estimated at "
         "6.6 us on the H200, TVM's fusion of the same ops at 3.6 us in 1 kernel(s)")
     assert len(analyze(scheduled).kernels) == 1
-
-
-def test_a_large_column_softmax_over_prime_rows_still_falls_back() -> None:
-    plan = StitchPlan.of_module(verify.compile_model(_column_softmax([4099, 64]), "stitch"))
-    assert any("4099 rows do not split" in f.reason for f in plan.fallbacks), plan
 
 
 def test_a_large_column_softmax_of_few_prime_rows_is_strided_rows() -> None:

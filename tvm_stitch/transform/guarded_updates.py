@@ -34,8 +34,6 @@ def guards_in_updates(func: tirx.PrimFunc, names: set[str]) -> tirx.PrimFunc:
         predicate = realize.predicate
         if block.name_hint not in names or block.init is None or _always(predicate):
             return realize
-        store = block.body
-        assert isinstance(store, tirx.BufferStore), (block.name_hint, type(store))
         loop_to_iter = {}
         for iv, value in zip(block.iter_vars, realize.iter_values, strict=True):
             assert isinstance(value, tvm.ir.Var), (block.name_hint, value)
@@ -43,13 +41,27 @@ def guards_in_updates(func: tirx.PrimFunc, names: set[str]) -> tirx.PrimFunc:
         condition = tvm_ffi.structural_map(predicate, [(
             tvm.ir.Var, lambda v: next((i for loop, i in loop_to_iter.items()
                                         if loop.same_as(v)), v))])
-        kept = tirx.BufferLoad(store.buffer, store.indices)
-        guarded = tirx.BufferStore(store.buffer, tirx.if_then_else(condition, store.value, kept),
-                                   store.indices)
         return s_tir.stmt.SBlockRealize(realize.iter_values, tirx.const(True, "bool"),
-                                        _with_body(block, guarded))
+                                        _with_body(block, _guarded(block.body, condition,
+                                                                   block.name_hint)))
 
     return tvm_ffi.structural_map(func, [(s_tir.stmt.SBlockRealize, on_realize)])
+
+
+def _guarded(body: tirx.Stmt, condition: tvm.ir.PrimExpr, name: str) -> tirx.Stmt:
+    """A reduction's update ``body`` that changes nothing where ``condition`` fails: each
+    store keeps the value it had, and each value a pair's update binds first (an online
+    softmax's rescaled sum and new maximum) is 0 there, its loads (of rows past the end)
+    never evaluated."""
+    if isinstance(body, tirx.BufferStore):
+        kept = tirx.BufferLoad(body.buffer, body.indices)
+        return tirx.BufferStore(body.buffer, tirx.if_then_else(condition, body.value, kept),
+                                body.indices)
+    if isinstance(body, tirx.Bind):
+        zero = tirx.const(0, str(body.value.ty.dtype))
+        return tirx.Bind(body.var, tirx.if_then_else(condition, body.value, zero))
+    assert isinstance(body, tirx.SeqStmt), (name, type(body))
+    return tirx.SeqStmt([_guarded(s, condition, name) for s in body])
 
 
 def _always(predicate: tvm.ir.PrimExpr) -> bool:
@@ -93,12 +105,7 @@ def tiles_with_rows(func: tirx.PrimFunc, write_outs: set[str], combines: set[str
         if block.name_hint in combines:
             (tile,) = [iv.var for iv in block.iter_vars
                        if iv.iter_type == tirx.IterVar.CommReduce]
-            store = block.body
-            assert isinstance(store, tirx.BufferStore), (block.name_hint, type(store))
-            kept = tirx.BufferLoad(store.buffer, store.indices)
-            return _with_body(block, tirx.BufferStore(
-                store.buffer, tirx.if_then_else(has_rows(tile), store.value, kept),
-                store.indices))
+            return _with_body(block, _guarded(block.body, has_rows(tile), block.name_hint))
         return block
 
     def on_loop(loop: tirx.For) -> tirx.For:

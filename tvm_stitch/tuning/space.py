@@ -4,7 +4,8 @@ The rules' own kernel (``Choices()``) comes first. The other choices vary what t
 decide (``plan.Choices``) around the rules' kernel: threads per row and per block, rows
 packed per block and walked in sequence, elements per access, whether an element-wise group
 walks its rows or is flat, task-splitting parts and thread-block clusters (sm_90), column
-tiles, which staged inputs are re-read or held in registers instead, whether reductions
+tiles and whether row tiles may be ragged, which staged inputs are re-read or held in
+registers instead, whether reductions
 read their inputs in vectors, and a row group's softmax in two passes or online (the
 other of the rules' pick; ``decide`` refuses it where there is no softmax). A choice is
 offered only once
@@ -120,6 +121,8 @@ def choice_space(group: Group, max_threads: int, clusters: bool = False) -> list
         space += [Choices(threads_per_row=t, column_tiles=c, vector=v, reread=r)
                   for t, c, v, (r, _) in itertools.product(threads, tiles, vectors,
                                                            _stagings(group))]
+        ragged = bool(mapping.row_tiles) and not mapping.rows_expr
+        space.append(Choices(ragged_tiles=not ragged))
     else:
         threads = _around(mapping.threads_per_row, max_threads)
         for t, v, (r, h) in itertools.product(threads, vectors, _stagings(group)):

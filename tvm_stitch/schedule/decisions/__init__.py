@@ -44,7 +44,7 @@ from ...analysis.roofline import GPU, kernel_time_us
 from ...analysis.traffic import AnalysisError
 from ...lowering import LoweredFunc, lower
 from ...plan import BufferRole, Choices, Group, StorageLevel
-from ...symbolic import declared_bounds, yardstick_sizes
+from ...symbolic import declared_bounds, is_symbolic, yardstick_sizes
 from ...target import MAX_SHARED_MEMORY_PER_BLOCK, MAX_THREADS_PER_BLOCK
 from ...transform.online_softmax import find_online_pairs
 from ...transform.online_variance import find_variance_triples
@@ -285,7 +285,7 @@ def _decide_moves(func: tirx.PrimFunc, group: Group, rows: int | None,
     if rows is None:
         done = _element_wise(func, sch, group, max_threads, gpu)
     elif column_reductions(sch, rows):
-        done = decide_global(sch, func, group, rows, budget, max_threads, gpu)
+        return _even_or_ragged(fused, func, group, rows, target, budget, max_threads, gpu)
     else:
         failure, built, estimates = None, [], {}
         for split in split_candidates(func, group, rows, budget, max_threads, gpu):
@@ -330,6 +330,41 @@ def _decide_moves(func: tirx.PrimFunc, group: Group, rows: int | None,
             return per_row if fewer else best
         done = _block_per_row(func, sch, group, rows, budget, max_threads, gpu)
     return _built(fused, done, target, gpu)
+
+
+def _even_or_ragged(fused: tirx.PrimFunc, func: tirx.PrimFunc, group: Group, rows: int,
+                    target: Target | None, budget: int, max_threads: int, gpu: GPU) -> Decided:
+    """A Global group's kernel in row tiles that divide its rows, or in ragged ones
+    (``tiles.ragged_tiles``: the last tile short) where its choices say so; left to the
+    rules, where the even kernel does not build or is estimated slower. Rows no divisor
+    splits into about a wave (ViT's 197 tokens) otherwise take one long tile, or a tile per
+    row and a partial sum per row and column: a LayerNorm backward's dgamma and dbeta over
+    (197, 768) fell back that way (3 kernels, 3.6 MB); in 22 tiles of 9 rows, the last 8,
+    it is one kernel of 2.4 MB."""
+    def built(ragged: bool) -> Decided:
+        sch = s_tir.Schedule(func)
+        add_unit_loops(sch)
+        return _built(fused, decide_global(sch, func, group, rows, budget, max_threads, gpu,
+                                           ragged=ragged), target, gpu)
+
+    if group.choices.ragged_tiles is not None:
+        return built(group.choices.ragged_tiles)
+    try:
+        even = built(False)
+    except Unstitchable as err:
+        try:
+            return built(True)
+        except Unstitchable:
+            raise err from None
+    if target is None or is_symbolic(rows):
+        return even
+    try:
+        ragged = built(True)
+        faster = _estimate_us(ragged, gpu) < _estimate_us(even, gpu)
+    except (Unstitchable, ValueError, AnalysisError) as err:
+        logger.debug("no ragged row tiles for %s: %s", group.ops, error_summary(err))
+        return even
+    return ragged if faster else even
 
 
 def _block_per_row(func: tirx.PrimFunc, sch: s_tir.Schedule, group: Group, rows: int,

@@ -25,7 +25,8 @@ ROW_CHOICES = frozenset({"threads_per_row", "rows_per_block", "row_steps", "vect
 """What a row group's choices may fix."""
 
 GLOBAL_CHOICES = frozenset({"threads_per_row", "vector", "split_parts", "column_tiles",
-                            "reread", "online_softmax", "online_variance", "cluster"})
+                            "reread", "online_softmax", "online_variance", "cluster",
+                            "ragged_tiles"})
 """What a Global group's choices may fix (a split row group's: not its threads; only a split
 row group's: its clusters)."""
 

@@ -97,6 +97,7 @@ from .tiles import (
     choose_tiles,
     column_tile_options,
     fewest_tiles,
+    ragged_tiles,
     tile_threads,
     tiles_for_cached,
 )
@@ -105,7 +106,7 @@ from .unrolling import bound_row_walk, bound_unrolling
 
 def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: int,
                   budget: int, max_threads: int, gpu: GPU, threads: int | None = None,
-                  split: int = 1) -> Group:
+                  split: int = 1, ragged: bool = False) -> Group:
     """Group with column reductions (Global stitching): row phases and column phases
     (``phases``) on a persistent grid of at most one wave, one row per block at a time.
 
@@ -117,7 +118,8 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
     phase is recomputed there (inlined): nothing but global memory survives a grid barrier.
     ``threads`` fixes the block size (else the row mapping's). Row blocks must stay in their
     rows, except in rows split into ``split`` sub-rows (task splitting), which write their
-    row's elements by design.
+    row's elements by design. ``ragged`` takes row tiles that do not divide the rows
+    (``tiles.ragged_tiles``), and raises Unstitchable where there are none.
     """
     fixed_elsewhere = threads and group.choices.threads_per_row not in (None, threads)
     check_applicable(group.choices, GLOBAL_CHOICES - ({"threads_per_row"} if fixed_elsewhere
@@ -209,10 +211,22 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
     shared = shared_bytes_of(dec, mapping) + sum(accumulators.values()) \
         + sum(b.shared_bytes for b in staged)
     launch = launch_of(gpu, mapping.threads_per_block, shared)
-    # A run-time row count takes a wave of row tiles, each walking its share of the rows.
-    tiles, column_tiles = (launch.wave, 1) if symbolic else choose_tiles(
-        options, roles, rows, mapping.threads_per_block, launch.wave, rows * length,
-        beyond_wave=tiled > 1)
+    # A run-time row count takes a wave of row tiles, each walking its share of the rows;
+    # ragged tiles take ceil(rows / tiles) rows each, the last one's rows past the end
+    # guarded as a run-time count's.
+    uneven = ragged_tiles(rows, launch.wave) \
+        if ragged and not symbolic and split == 1 and tiled == 1 and roles.columns else None
+    if ragged and uneven is None:
+        raise Unstitchable(f"no ragged row tiles: {rows} rows" + (
+            f" split into a wave of {launch.wave} blocks as well by a divisor"
+            if not symbolic and split == 1 and tiled == 1 and roles.columns
+            else ", a run-time count, a split row, column tiles or no column reduction"))
+    if symbolic or uneven:
+        tiles, column_tiles = uneven or launch.wave, 1
+    else:
+        tiles, column_tiles = choose_tiles(
+            options, roles, rows, mapping.threads_per_block, launch.wave, rows * length,
+            beyond_wave=tiled > 1)
     if split > 1:  # before the register cap: an input kept on chip is not re-read
         phases = _phases(roles, tiles, mapping.threads_per_block, column_tiles,
                          {b.block for b in staged})
@@ -249,10 +263,11 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
                            f"{cap_text(launch)}")
     # A tile walks its rows in a loop that nvcc unrolls when it is short and static, and then
     # holds every row's re-read elements; a run-time walk holds one row's.
-    if not symbolic and rows // tiles * per_row > room:
+    if not symbolic and -(-rows // tiles) * per_row > room:
         held = f"{', '.join(reread)}: {rows // tiles * per_row} elements"
         held += f", and {sums} partial sums" if sums else ""
-        capped = fewest_tiles(rows, room // per_row)
+        capped = -(-rows // max(room // per_row, 1)) if uneven \
+            else fewest_tiles(rows, room // per_row)
         if capped <= launch.wave:
             dec.demotions.append(Demotion(
                 DemotionKind.FEWER_ROW_TILES, before=tiles, after=capped,
@@ -271,16 +286,18 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
                 DemotionKind.ROW_TILES_KEPT, before=tiles, after=capped,
                 detail=f"tiles within the register cap ({held} > {cap_text(launch)}) would "
                        f"take {capped} tiles, more than one wave of {launch.wave} blocks"))
-    elif per_row and not symbolic and split == 1 and column_tiles == 1:
+    elif per_row and not symbolic and not uneven and split == 1 and column_tiles == 1:
         # within the cap, but maybe not beside what the rest of the thread wants
         launch, tiles = tiles_for_cached(gpu, launch, rows, tiles, per_row, sums,
                                          bool(roles.columns), rows * length)
     mapping = replace(mapping, row_tiles=tiles, row_steps=MIN_TILE_ROWS) if symbolic \
+        else replace(mapping, row_tiles=tiles, row_steps=-(-rows // tiles)) if uneven \
         else replace(mapping, row_steps=rows // tiles)
     for b in list(dec.block_shared):
         # a run-time tile may start anywhere: only what every row reads alike serves it; a
         # sub-row reads a slice of what its row shares (a group normalisation's channels)
-        if split > 1 or ((b.span != rows) if symbolic else b.span % mapping.row_steps):
+        if split > 1 or ((b.span != rows) if symbolic or uneven
+                         else b.span % mapping.row_steps):
             dec.block_shared.remove(b)
             dec.global_reads.append(Buffer(b.name, BufferRole.INPUT, StorageLevel.GLOBAL, 0,
                                            f"shared by runs of {b.span} rows, not by the "
@@ -293,7 +310,7 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
                            f"{tiled} column tiles, and the row phases take {column_tiles}")
     phases = _phases(roles, tiles, mapping.threads_per_block, column_tiles,
                      {b.block for b in staged})
-    if not symbolic and split == 1 and not dec.held:
+    if not symbolic and not uneven and split == 1 and not dec.held:
         phases = _rows_after_columns(phases, rows, mapping.row_steps, launch.wave,
                                      length * widest_element(sch, func),
                                      sum(b.size for b in dec.block_shared), staged)

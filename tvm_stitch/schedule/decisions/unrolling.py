@@ -103,7 +103,7 @@ def bound_row_walk(sch: s_tir.Schedule, func: tirx.PrimFunc, mapping: ThreadMapp
     per thread and row, 4 partial sums per thread in registers at a cap of 64: the whole walk
     unrolled took 84 registers where the cap allows 64 (8 B spilled on sm_80 and sm_90);
     runs of 2 to 8 rows, 63 and none."""
-    if mapping.row_tiles or mapping.row_steps <= 1:
+    if mapping.rows_expr or mapping.row_steps <= 1:
         return 0  # a run-time walk is a loop nvcc does not unroll
     written = {p.name for p in written_params(func, sch)}
     loads = sum(-(-min(row_elements(p, rows), mapping.row_length) // mapping.threads_per_row)

@@ -1,0 +1,88 @@
+"""A Global group's row tiles need not divide its rows: the last one may be short.
+
+A vision transformer has 197 tokens a row at 224 x 224 (577 at 384 x 384), both prime. Row
+tiles had to divide the rows, so such a group took one tile per row (a partial sum per row
+and column, which no wave holds) or fell back: the LayerNorm backward over (197, 768),
+dgamma and dbeta beside the row sums of dx, fell back with "197 rows do not split into about
+one wave of 24 tiles": 3 kernels, 4.2 MB, estimated at 109 us where TVM's flow takes 29.9; a
+batch norm in training over (197, 768) was left to TVM whole. Ragged tiles
+(``tiles.ragged_tiles``) walk ``ceil(rows / tiles)`` rows each, the last tile's rows past the
+end guarded as those of a run-time row count (``transform.guarded_updates``, which now also
+guards a pair's update: an online softmax's maximum and sum). The rules take them where the
+kernel in tiles that divide the rows does not build or is estimated slower
+(``decisions._even_or_ragged``); the candidate space offers the other (``ragged_tiles``).
+Owners: schedule/decisions/global_stitch.py, schedule/decisions/tiles.py."""
+
+from __future__ import annotations
+
+import pytest
+from onnx import helper
+from regression_models import model
+
+from tvm_stitch import verify
+from tvm_stitch.analysis import analyze
+from tvm_stitch.frontend.onnx import import_model
+from tvm_stitch.plan import Choices, StitchPlan
+from tvm_stitch.schedule.decisions import decide
+from tvm_stitch.schedule.rows import Unstitchable
+from tvm_stitch.testing.differential import check_model
+from tvm_stitch.tuning.space import choice_space
+from tvm_stitch.tuning.tasks import extract_tasks
+from tvm_stitch.workloads import micro
+
+TARGET = "cuda:sm_90"
+
+
+def _one_ragged_kernel(built, tiles: int, steps: int):
+    scheduled = verify.compile_model(built, "stitch", TARGET)
+    plan = StitchPlan.of_module(scheduled)
+    assert not plan.fallbacks, plan
+    (group,) = plan.groups
+    assert (group.mapping.row_tiles, group.mapping.row_steps) == (tiles, steps), group.mapping
+    assert (tiles - 1) * steps < group.mapping.rows < tiles * steps, group.mapping
+    return group, analyze(scheduled), analyze(verify.compile_model(built, "baseline", TARGET))
+
+
+@pytest.mark.parametrize("build", [micro.layernorm_backward, micro.batchnorm_train],
+                         ids=["layernorm_backward", "batchnorm_train"])
+def test_vit_token_rows_stitch_in_ragged_tiles(build) -> None:
+    built = build((197, 768))
+    _, stitched, tvm = _one_ragged_kernel(built, 22, 9)
+    assert len(stitched.kernels) == 1 < len(tvm.kernels)
+    assert stitched.global_bytes < 0.5 * tvm.global_bytes
+    assert stitched.roofline_us()["H200"] < tvm.roofline_us()["H200"]
+    outcome = check_model(built, "stitch")
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+
+
+def test_a_column_softmax_over_prime_rows_keeps_its_online_pair_in_ragged_tiles() -> None:
+    # (4099, 64): two passes over ragged tiles took 5 phases and 4 grid barriers, estimated
+    # at 15.4 us; the pair's guarded update gives 3 phases, 2 barriers
+    built = model([helper.make_node("Softmax", ["x"], ["y"], axis=0)], {"x": [4099, 64]},
+                  {"y": [4099, 64]})
+    group, stitched, tvm = _one_ragged_kernel(built, 456, 9)
+    assert group.online and len(group.phases) == 3, group
+    assert stitched.roofline_us()["H200"] <= tvm.roofline_us()["H200"]
+    outcome = check_model(built, "stitch")
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+
+
+def _global_task(rows: int):
+    (task,) = extract_tasks(import_model(micro.layernorm_backward((rows, 768))), TARGET)
+    return task
+
+
+def test_ragged_tiles_are_a_choice_of_the_candidate_space() -> None:
+    task = _global_task(197)
+    rules = decide(task.func, task.group, task.rows, task.target).group
+    assert rules.mapping.row_tiles == 22
+    assert Choices(ragged_tiles=False) in choice_space(rules, 1024)
+    with pytest.raises(Unstitchable, match="197 rows do not split"):
+        decide(task.func, task.group, task.rows, task.target, Choices(ragged_tiles=False))
+
+
+def test_rows_a_divisor_splits_take_no_ragged_tiles() -> None:
+    task = _global_task(192)
+    assert not decide(task.func, task.group, task.rows, task.target).group.mapping.row_tiles
+    with pytest.raises(Unstitchable, match="no ragged row tiles: 192 rows"):
+        decide(task.func, task.group, task.rows, task.target, Choices(ragged_tiles=True))
