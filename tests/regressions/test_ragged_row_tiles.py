@@ -15,6 +15,7 @@ Owners: schedule/decisions/global_stitch.py, schedule/decisions/tiles.py."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from onnx import helper
 from regression_models import model
@@ -24,6 +25,7 @@ from tvm_stitch.analysis import analyze
 from tvm_stitch.frontend.onnx import import_model
 from tvm_stitch.plan import Choices, StitchPlan
 from tvm_stitch.schedule.decisions import decide
+from tvm_stitch.schedule.decisions.choosing import FixedChoices, choosing
 from tvm_stitch.schedule.rows import Unstitchable
 from tvm_stitch.testing.differential import check_model
 from tvm_stitch.tuning.space import choice_space
@@ -86,3 +88,23 @@ def test_rows_a_divisor_splits_take_no_ragged_tiles() -> None:
     assert not decide(task.func, task.group, task.rows, task.target).group.mapping.row_tiles
     with pytest.raises(Unstitchable, match="no ragged row tiles: 192 rows"):
         decide(task.func, task.group, task.rows, task.target, Choices(ragged_tiles=True))
+
+
+def test_a_long_row_walk_keeps_one_row_of_its_row_results() -> None:
+    # fuzz graph 12035:233 (shrunk): a softmax down the 257 rows of the row minima of
+    # (257, 31), beside a softmax along them. In one tile of 257 rows (the even choice; the
+    # rules take ragged tiles) the row reductions' results in registers were sized for every
+    # row of the walk: arrays of 257 elements a thread, over the plan's register budget
+    nodes = [helper.make_node("Max", ["x", "s"], ["m"]),
+             helper.make_node("ReduceMin", ["m", "axes"], ["r"], keepdims=1),
+             helper.make_node("Softmax", ["x"], ["y"], axis=-1),
+             helper.make_node("ReduceMin", ["y", "all"], ["z"], keepdims=1),
+             helper.make_node("Softmax", ["r"], ["c"], axis=0),
+             helper.make_node("Relu", ["x"], ["u"])]
+    built = model(nodes, {"x": [257, 31], "s": []}, {"z": [1, 1], "c": [257, 1], "u": [257, 31]},
+                  {"axes": np.array([1], np.int64), "all": np.array([-2, -1], np.int64)})
+    with choosing(FixedChoices(Choices(ragged_tiles=False))):
+        plan = StitchPlan.of_module(verify.compile_model(built, "stitch"))
+        outcome = check_model(built, "stitch", cost=True)
+    assert any(g.mapping.row_steps == 257 for g in plan.groups), plan
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)

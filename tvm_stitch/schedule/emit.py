@@ -696,12 +696,16 @@ def _map_global(done: Rewritten, group: Group) -> s_tir.Schedule:
 def _row_buffers(group: Group) -> frozenset[str]:
     """Names of the on-chip buffers of a Global group that hold rows, one row per block at a
     time: its Regional intermediates, the copies of outputs read inside and the inputs staged
-    per row (``_shared`` the name of a staged copy), not what is staged once per block, nor
-    column results and partial sums."""
+    per row (``_shared`` the name of a staged copy), and the row reductions' results in
+    registers (``_local``: sized for every row of a tile, a walk of 257 rows declared
+    arrays of 257 elements a thread, fuzz graph 12035:233), not what is staged once per
+    block, nor column results and partial sums."""
     names = {b.name for b in group.buffers if b.level is StorageLevel.SHARED
              and not b.per_block
              and b.role in (BufferRole.INTERMEDIATE, BufferRole.OUTPUT, BufferRole.INPUT)}
-    return frozenset(names | {f"{n}_shared" for n in names})
+    results = {f"{b.name}_local" for b in group.buffers if b.level is StorageLevel.REGISTER
+               and b.role is BufferRole.INTERMEDIATE}
+    return frozenset(names | {f"{n}_shared" for n in names} | results)
 
 
 def _copy_across_barriers(sch: s_tir.Schedule, group: Group) -> None:
