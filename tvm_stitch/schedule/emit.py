@@ -45,6 +45,7 @@ from ..symbolic import dim_value, is_symbolic
 from ..transform.guarded_updates import (
     guards_in_updates,
     on_chip_writes_unconditional,
+    stores_within_columns,
     tiles_with_rows,
 )
 from ..transform.settle_bounds import settle_bounds
@@ -669,6 +670,7 @@ def _map_global(done: Rewritten, group: Group) -> s_tir.Schedule:
     """One launch nest per phase of a Global group (see the module docstring)."""
     sch, mapping = done.sch, group.mapping
     columns = [n for p in group.phases for n in p.partials]
+    stores: dict[str, str] = {}  # a column sum's store out of its register -> the sum
     for index, phase in enumerate(group.phases):
         if phase.kind is PhaseKind.ROWS:
             mine = [c for c in columns if c in phase.blocks]
@@ -678,10 +680,11 @@ def _map_global(done: Rewritten, group: Group) -> s_tir.Schedule:
                            done.row_caches[index], phase, done.held, group.scalar_blocks,
                            done.kept, group.walk_unrolled)
         else:
-            _map_column_phase(sch, mapping.threads_per_block, list(phase.combines),
-                              [n for n in phase.blocks if n not in phase.combines],
-                              {b.block for b in group.buffers if b.role is BufferRole.SUM
-                               and b.level is StorageLevel.REGISTER})
+            stores.update(_map_column_phase(
+                sch, mapping.threads_per_block, list(phase.combines),
+                [n for n in phase.blocks if n not in phase.combines],
+                {b.block for b in group.buffers if b.role is BufferRole.SUM
+                 and b.level is StorageLevel.REGISTER}))
     if mapping.row_steps > 1 or mapping.row_tiles:
         _index_rows_in_block(sch, mapping.rows_per_block, _row_buffers(group))
     sch = hold_inputs(sch, group)
@@ -690,6 +693,8 @@ def _map_global(done: Rewritten, group: Group) -> s_tir.Schedule:
         sch = s_tir.Schedule(on_chip_writes_unconditional(tiles_with_rows(
             sch.mod["main"], set(done.write_outs()), set(done.partials),
             per_tile, done.row_count, mapping.row_tiles, mapping.row_steps), done.row_count))
+    if stores:
+        sch = s_tir.Schedule(stores_within_columns(sch.mod["main"], stores))
     return sch
 
 
@@ -972,13 +977,16 @@ def _bind_inner_loops(sch: s_tir.Schedule, block: SBlockRV, outer: int,
 
 
 def _map_column_phase(sch: s_tir.Schedule, threads: int, combines: list[str],
-                      column_space: list[str], in_registers: set[str]) -> None:
+                      column_space: list[str], in_registers: set[str]) -> dict[str, str]:
     """A column phase: a thread per column sums the partials of each column reduction
     (``combines``, loops: tile, column) in tile order, in a register where the plan says so
     (``in_registers``), else in place; each column-space
     block, walked as one flat loop over its columns, runs in the same task and thread as
     the sums of those columns, after them (it reads only what that thread wrote). Blocks of
-    other widths get nests of their own (a grid barrier apart)."""
+    other widths get nests of their own (a grid barrier apart). Returns the blocks that
+    store a register's sum, each with its sum's block: guarded as that block's columns
+    (``stores_within_columns``)."""
+    stores = {}
     heads: dict[int, list[LoopRV]] = {}
     for name in combines:
         block = sch.get_sblock(name)
@@ -1008,13 +1016,15 @@ def _map_column_phase(sch: s_tir.Schedule, threads: int, combines: list[str],
         block = sch.get_sblock(name)
         for index, written in enumerate(sch.get(block).writes):  # an online variance: 3
             result = written.source
-            assert register_sum(result, threads), (name, list(result.shape), threads)
+            assert register_sum(result), (name, list(result.shape))
             total = sch.cache_write(block, index, LOCAL)  # the sum in a register, stored
             column = sch.get(sch.get_loops(block)[1])  # once, after the column's sum
             if not any(sch.get(loop).same_as(column) for loop in sch.get_loops(total)):
                 sch.reverse_compute_at(total, sch.get_loops(block)[1],
                                        preserve_unit_loops=True)
             _one_register(sch, block, index, result)
+            stores[name_of(sch, total)] = name
+    return stores
 
 
 def _one_register(sch: s_tir.Schedule, block: SBlockRV, index: int, result: tirx.Buffer

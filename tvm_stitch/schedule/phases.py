@@ -279,13 +279,14 @@ def crossings(sch: s_tir.Schedule, roles: Roles) -> list[tuple[str, str]]:
     return found
 
 
-def register_sum(result: tirx.Buffer, threads: int) -> bool:
+def register_sum(result: tirx.Buffer) -> bool:
     """Whether a column phase may sum ``result``'s partials in a register of each column's
-    thread and store it once: ``result`` has one axis longer than 1 and ``threads`` divide
-    it (a copy out of a register is derived for whole threads, and would lose the guard of
-    a partial one, or of a 0-d sum)."""
-    dims = [int(d) for d in result.shape if int(d) > 1]
-    return len(dims) == 1 and dims[0] % threads == 0
+    thread and store it once: ``result`` has more than one element (a 0-d sum has no
+    column for a thread). Threads past the last column of a partial task store nothing
+    (``guarded_updates.stores_within_columns``); until they did, columns that no whole
+    number of tasks covers (8160 on tasks of 1024 threads) were summed in place in global
+    memory, each partial added there: 3 writes and 4 reads of each sum for 2 row tiles."""
+    return prod(int(d) for d in result.shape) > 1
 
 
 def copy_across_barrier(sch: s_tir.Schedule, producer: str, later: set[str]) -> str:

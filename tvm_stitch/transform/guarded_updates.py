@@ -1,4 +1,5 @@
-"""The guards of a Global group's run-time row tiles, in the forms TVM schedules and lowers.
+"""The guards of a Global group's run-time row tiles, in the forms TVM schedules and lowers,
+and of the stores of its column sums (``stores_within_columns``).
 
 A Global group of a run-time row count splits each column reduction's rows into a wave of
 row tiles of ``max(ceil(rows / tiles), min_steps)`` rows, the rows past the end guarded by
@@ -127,6 +128,37 @@ def tiles_with_rows(func: tirx.PrimFunc, write_outs: set[str], combines: set[str
     return tvm_ffi.structural_map(func, [(s_tir.stmt.SBlock, on_block), (tirx.For, on_loop)])
 
 
+def stores_within_columns(func: tirx.PrimFunc, stores: dict[str, str]) -> tirx.PrimFunc:
+    """``func`` whose blocks named in ``stores`` (the store of a column phase's sum out of
+    its thread's register) run only where their sum's block (``stores[name]``) has a column:
+    each spatial binding of that block below its extent. A thread past the last column of a
+    partial task sums nothing, and TVM guarded the store that ``reverse_compute_at`` placed
+    for one result of a pair and not for the other, which wrote past the end (an online
+    softmax's maximum over the 8160 columns of (2, 32, 255) on 8 tasks of 1024 threads)."""
+    bounds: dict[str, list[tvm.ir.PrimExpr]] = {}
+
+    def collect(realize: s_tir.stmt.SBlockRealize) -> None:
+        block = realize.block
+        if block.name_hint in stores.values():
+            bounds[block.name_hint] = [
+                value < iv.dom.min + iv.dom.extent
+                for iv, value in zip(block.iter_vars, realize.iter_values, strict=True)
+                if iv.iter_type == tirx.IterVar.DataPar]
+
+    tvm_ffi.structural_walk(func, [(s_tir.stmt.SBlockRealize, collect)])
+
+    def on_realize(realize: s_tir.stmt.SBlockRealize) -> s_tir.stmt.SBlockRealize:
+        name = realize.block.name_hint
+        if name not in stores:
+            return realize
+        guards = bounds[stores[name]]
+        predicate = _all([realize.predicate, *guards]) if not _always(realize.predicate) \
+            else _all(guards) if guards else realize.predicate
+        return s_tir.stmt.SBlockRealize(realize.iter_values, predicate, realize.block)
+
+    return tvm_ffi.structural_map(func, [(s_tir.stmt.SBlockRealize, on_realize)])
+
+
 def on_chip_writes_unconditional(func: tirx.PrimFunc, rows: tvm.ir.PrimExpr
                                  ) -> tirx.PrimFunc:
     """``func`` whose blocks that write only on-chip buffers store rows past ``rows`` (a
@@ -192,4 +224,5 @@ def _row_guarded(condition: tvm.ir.PrimExpr, block: s_tir.stmt.SBlock,
                  if ana.can_prove_equal(condition.a, value)), None)
 
 
-__all__ = ["guards_in_updates", "on_chip_writes_unconditional", "tiles_with_rows"]
+__all__ = ["guards_in_updates", "on_chip_writes_unconditional", "stores_within_columns",
+           "tiles_with_rows"]
