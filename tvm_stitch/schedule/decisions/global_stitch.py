@@ -214,12 +214,12 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
     # A run-time row count takes a wave of row tiles, each walking its share of the rows;
     # ragged tiles take ceil(rows / tiles) rows each, the last one's rows past the end
     # guarded as a run-time count's.
-    uneven = ragged_tiles(rows, launch.wave) \
-        if ragged and not symbolic and split == 1 and tiled == 1 and roles.columns else None
+    may_be_ragged = not symbolic and split == 1 and tiled == 1 and bool(roles.columns)
+    uneven = ragged_tiles(rows, launch.wave) if ragged and may_be_ragged else None
     if ragged and uneven is None:
         raise Unstitchable(f"no ragged row tiles: {rows} rows" + (
             f" split into a wave of {launch.wave} blocks as well by a divisor"
-            if not symbolic and split == 1 and tiled == 1 and roles.columns
+            if may_be_ragged
             else ", a run-time count, a split row, column tiles or no column reduction"))
     if symbolic or uneven:
         tiles, column_tiles = uneven or launch.wave, 1
@@ -263,15 +263,16 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
                            f"{cap_text(launch)}")
     # A tile walks its rows in a loop that nvcc unrolls when it is short and static, and then
     # holds every row's re-read elements; a run-time walk holds one row's.
-    if not symbolic and -(-rows // tiles) * per_row > room:
-        held = f"{', '.join(reread)}: {rows // tiles * per_row} elements"
+    walk = -(-rows // tiles)  # a ragged tile's rows; the rows of any other
+    if not symbolic and walk * per_row > room:
+        held = f"{', '.join(reread)}: {walk * per_row} elements"
         held += f", and {sums} partial sums" if sums else ""
         capped = -(-rows // max(room // per_row, 1)) if uneven \
             else fewest_tiles(rows, room // per_row)
         if capped <= launch.wave:
             dec.demotions.append(Demotion(
                 DemotionKind.FEWER_ROW_TILES, before=tiles, after=capped,
-                detail=f"a tile of {rows // tiles} rows would keep the inputs each thread "
+                detail=f"a tile of {walk} rows would keep the inputs each thread "
                        f"re-reads ({held}) in registers, more than {cap_text(launch)}"))
             # partial sums sized for column tiles keep them, in rounds beyond the wave
             width = max(roles.columns.values(), default=0)
