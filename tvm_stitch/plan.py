@@ -360,7 +360,10 @@ class Buffer:
     fused PrimFunc, block names do not). ``per_block`` marks an input staged once per thread
     block and shared by all the rows the block handles (a bias, a scale, a mask row).
     ``registers`` is the elements each thread holds of a buffer whose register size the plan
-    fixes (the partial sums of a column reduction kept in registers), 0 otherwise.
+    fixes (the partial sums of a column reduction kept in registers), 0 otherwise;
+    ``held_results`` how many of such a reduction's results are held there (its first, or
+    every one: an online softmax's pair, an online variance's triple), the others
+    accumulating in place in global memory.
     ``readers`` are the blocks of later phases that read a crossing buffer's copy.
     ``across_barriers`` marks an input of a split row group staged per sub-row by the first
     phase that reads it and kept in shared memory across the grid barriers, for the later
@@ -376,6 +379,7 @@ class Buffer:
     block: str = ""
     per_block: bool = False
     registers: int = 0
+    held_results: int = 0
     readers: tuple[str, ...] = ()
     across_barriers: bool = False
 

@@ -249,3 +249,47 @@ def test_layernorm_backward_at_llm_widths_is_one_kernel_with_rolled_rereads(widt
     assert stitched.dram_bytes < baseline.dram_bytes
     outcome = check_model(micro.layernorm_backward((64, width)), "stitch")
     assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+
+
+def test_a_batch_norm_over_wide_channels_holds_its_online_variance_in_registers() -> None:
+    # A batch norm in training over 2048 channels: the online variance's triple (squares,
+    # mean, count) per column took registers for its first result alone, the mean and the
+    # count accumulating in place in global memory at every row step, and the rules kept
+    # two passes, x read three times (11.9 MB). Every result of a triple of 12 registers a
+    # thread is held now: one pass over x and one to normalise, 10.0 MB.
+    model = micro.batchnorm_train((256, 2048))
+    scheduled, plan = _lower(model)
+    (group,) = plan.groups
+    assert group.online_variance
+    assert [(b.level, b.held_results) for b in _accumulators(plan)] == [
+        (StorageLevel.REGISTER, 3)]
+    (kernel,) = analyze(scheduled).kernels
+    x = kernel.traffic.buffers["x"]
+    assert x.read_bytes == 2 * x.size_bytes
+    assert kernel.traffic.global_bytes < 10.1e6
+    outcome = check_model(model, "stitch", triage=False)
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+
+
+def _column_log_softmax(width: int) -> onnx.ModelProto:
+    """A log-softmax down the 2 rows of a row of ``width`` broadcast to them."""
+    from tvm_stitch.workloads.graph import GraphBuilder
+
+    g = GraphBuilder("column_log_softmax")
+    row = g.op("Expand", g.input("x", (1, width)), g.constant(np.array([2, width]),
+                                                              dtype=np.int64))
+    return g.model([g.op("LogSoftmax", row, axis=0)])
+
+
+@pytest.mark.parametrize(("width", "held"), [(12288, 2), (24576, 1)])
+def test_online_softmax_pairs_in_registers_up_to_the_cap_of_held_results(
+        width: int, held: int) -> None:
+    # pairs of 12 columns a thread of 1024 (24 registers) are held whole; at 24 columns (48
+    # registers) both spilled 192 B, and the sums of exponentials accumulate in global
+    # memory (fuzz graph 12021:84)
+    model = _column_log_softmax(width)
+    _, plan = _lower(model)
+    (accumulator,) = _accumulators(plan)
+    assert (accumulator.level, accumulator.held_results) == (StorageLevel.REGISTER, held)
+    outcome = check_model(model, "stitch", triage=False)
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)

@@ -626,11 +626,11 @@ def _rewritten_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group) ->
         tile, _ = sch.split(row, [mapping.tiles, None if mapping.row_tiles
                                   else mapping.row_steps])
         accumulate = sch.rfactor(tile, 0)
-        # every result on chip (an online variance's three), but in registers the first
-        # alone: a softmax's pairs over 24 columns per thread of 1024 spilled 188 B (fuzz
-        # 12021:84); the others accumulate in global memory
+        # every result on chip (an online variance's three), in registers those the plan
+        # holds there; the others accumulate in global memory
         held = sums[name].level is StorageLevel.REGISTER
-        results = range(1 if held else len(sch.get(accumulate).writes))
+        results = range(sums[name].held_results if held
+                        else len(sch.get(accumulate).writes))
         for index in results:
             _flatten_partials(sch, accumulate, index)
         write_outs = [sch.cache_write(accumulate, i, SCOPES[sums[name].level])
@@ -882,12 +882,11 @@ def _map_row_phase(sch: s_tir.Schedule, mapping: ThreadMapping, names: set[str],
         sch.compute_at(block, bx, preserve_unit_loops=True)
         _bind_tile_loops(sch, block, mapping, scalar)
     for name, outs in zip(accumulators, write_outs, strict=True):
-        assert name not in held or len(outs) == 1, (name, outs)  # ``_rewritten_global``
-        for write_out in outs:
+        for index, write_out in enumerate(outs):
             block = sch.get_sblock(write_out)
             sch.reverse_compute_at(block, bx, preserve_unit_loops=True)
             if name in held:
-                _hold_partial_sums(sch, name, block, held[name], mapping)
+                _hold_partial_sums(sch, name, block, index, held[name], mapping)
             else:
                 _bind_tile_loops(sch, block, mapping, scalar)
     if walk:
@@ -895,8 +894,9 @@ def _map_row_phase(sch: s_tir.Schedule, mapping: ThreadMapping, names: set[str],
 
 
 def _hold_partial_sums(sch: s_tir.Schedule, accumulator: str, write_out: SBlockRV,
-                       slots: int, mapping: ThreadMapping) -> None:
-    """Keep the partial sums of ``accumulator`` (a local buffer over (tile, column), its
+                       index: int, slots: int, mapping: ThreadMapping) -> None:
+    """Keep the ``index``-th partial results of ``accumulator`` (a local buffer over (tile,
+    column), its
     update at thread ``c % P`` of column ``c``, zeroed before the tile's rows) in ``slots``
     registers per thread: ``write_out`` (placed after the tile) takes the columns of the
     same threads, the buffer is laid out by ``column // P`` (a local buffer is private to
@@ -908,14 +908,14 @@ def _hold_partial_sums(sch: s_tir.Schedule, accumulator: str, write_out: SBlockR
     sch.bind(_thread_loop(sch, column, mapping), "threadIdx.x")
     block = sch.get_sblock(f"{accumulator}_update")  # the names decompose_reduction gives
     init = sch.get_sblock(f"{accumulator}_init")
-    for each in (block, init, write_out):
+    for each in (block, init, write_out) if index == 0 else (write_out,):
         serial = sch.get_loops(each)[-1]
         assert int(sch.get(serial).extent) == slots, (accumulator, slots)
         sch.unroll(serial)
     threads = mapping.threads_per_row
-    buffer = sch.get(block).writes[0].source
+    buffer = sch.get(block).writes[index].source
     assert len(buffer.shape) == 2, buffer.shape  # (tile, column): ``_flatten_partials``
-    sch.transform_layout(block, ("write", 0), tirx.IndexMap.from_func(
+    sch.transform_layout(block, ("write", index), tirx.IndexMap.from_func(
         lambda _tile, c: (c // threads,), ndim=2, index_dtype=str(buffer.shape[0].ty.dtype)),
         assume_injective_transform=True)
 

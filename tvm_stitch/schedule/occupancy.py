@@ -162,6 +162,16 @@ on sm_90; a LayerNorm backward at width 8192 (16 sums, 17 cached elements) fit, 
 25) spilled."""
 
 
+HELD_RESULTS_REGISTERS = 24
+"""Most registers per thread the partial sums of a column reduction of several results (an
+online softmax's pair, an online variance's triple) take when every result is held in
+registers; beyond, its first result alone is. ptxas at 64 registers (1024 threads), online
+softmax pairs down the rows of a broadcast row: 12, 14 and 16 columns a thread (24 to 32
+registers) fit, 20 spilled 16 B on sm_80 and sm_90 and 24 (fuzz graph 12021:84) 192 B;
+online variance triples of a batch norm's columns: 8, 10 and 12 columns (24 to 36) fit, 16
+spilled 64 B. Three quarters of the least that fit, for the row ops beside them."""
+
+
 def cached_room(launch: Launch, sums: int = 0) -> int:
     """Most elements of re-read inputs one thread of ``launch`` may keep in registers beside
     ``sums`` partial sums of column reductions: a partial sum has no address to keep (it is

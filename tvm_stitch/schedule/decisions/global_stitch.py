@@ -37,6 +37,7 @@ from ..blocks import (
 )
 from ..mapping import row_mapping, row_vector
 from ..occupancy import (
+    HELD_RESULTS_REGISTERS,
     aligned_shared,
     cached_room,
     launch_config,
@@ -320,10 +321,13 @@ def decide_global(sch: s_tir.Schedule, func: tirx.PrimFunc, group: Group, rows: 
         Buffer(name, BufferRole.PARTIAL, StorageLevel.GLOBAL, 0,
                f"{tiles} x {roles.columns[name]} partial sums, combined in the next phase",
                name) for name in roles.columns)
+    results = _held_results(sch, in_registers)
     accumulated = tuple(
         Buffer(name, BufferRole.ACCUMULATOR, StorageLevel.REGISTER, 0,
                f"partial sum of the block's row tile, {in_registers[name]} column(s) per "
-               "thread", name, registers=in_registers[name]) if name in in_registers
+               f"thread{_results_text(sch, name, results[name])}", name,
+               registers=in_registers[name], held_results=results[name])
+        if name in in_registers
         else Buffer(name, BufferRole.ACCUMULATOR, StorageLevel.SHARED, accumulators[name],
                     "partial sum of the block's row tile", name)
         for name in (*accumulators, *in_registers))
@@ -596,6 +600,30 @@ def _held_sums(sch: s_tir.Schedule, in_registers: dict[str, int]) -> int:
     return sum(slots * len(sch.get(sch.get_sblock(name)).writes)
                * (2 if _selects_narrow(sch.get(sch.get_sblock(name))) else 1)
                for name, slots in in_registers.items())
+
+
+def _held_results(sch: s_tir.Schedule, in_registers: dict[str, int]) -> dict[str, int]:
+    """How many results of each column reduction of ``in_registers`` (accumulator -> slots
+    per thread) a thread holds in registers: every one (an online softmax's pair, an online
+    variance's triple) where together they take no more than ``HELD_RESULTS_REGISTERS``
+    (``_held_sums``), else the first alone, the others accumulating in place in global
+    memory, a read and a write of each at every row step: a batch norm's triple over 2048
+    columns on 512 threads (12 registers) moved 142 MB of its 256 MB in place where its input and
+    output are 67 MB, and the rules kept two passes instead (its input read three times,
+    153 MB; all held, 122 MB). The registers budgeted (``_held_sums``) count every result
+    either way."""
+    return {name: len(sch.get(sch.get_sblock(name)).writes)
+            if _held_sums(sch, {name: slots}) <= HELD_RESULTS_REGISTERS else 1
+            for name, slots in in_registers.items()}
+
+
+def _results_text(sch: s_tir.Schedule, name: str, held: int) -> str:
+    """How a register accumulator's results are held, for the plan's text; "" for one."""
+    total = len(sch.get(sch.get_sblock(name)).writes)
+    if total == 1:
+        return ""
+    return f", its {total} results" if held == total \
+        else f", its first result (the other {total - 1} in place in global memory)"
 
 
 def _selects_narrow(block: tirx.SBlock) -> bool:
