@@ -11,7 +11,8 @@ Sum or Mean, is an element-wise fold of the stacked tensors), then StitchFuse in
 FuseOps + FuseTIR (it rewrites reductions over axes mixed with kept ones, and softmaxes over
 a middle axis, into the same op over a transposed input whose reduced axes trail,
 ``mixed_reduction``, where that stitches, and legalizes as TVM's default CUDA pipeline does,
-``legalization``), then StitchSchedule in place of dlight's ApplyDefaultSchedule.
+``legalization``), then StitchSchedule in place of dlight's ApplyDefaultSchedule, then
+SharedArguments (a kernel passed one tensor as two inputs reads it through one parameter).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from tvm.target import Target
 from ..schedule.rule import StitchSchedule
 from .exact_power import ExactPower
 from .identity_views import IdentityViews
+from .shared_arguments import SharedArguments
 from .split_slices import SplitToSlices
 from .stack_reduction import StackReduction
 from .stitch_fuse import StitchFuse
@@ -38,4 +40,5 @@ def fusion_passes(target: Target) -> list[tvm.transform.Pass]:
         StackReduction(),
         StitchFuse(target),
         StitchSchedule(target),
+        SharedArguments(),
     ]
