@@ -26,34 +26,86 @@ def aligned_vectors(block: s_tir.stmt.SBlock, vector: int) -> bool:
     (``MAX_BOOLEAN_LANES``). In a spatial block, an access whose element moves with that
     iterator but is the same for every lane of a vector is a broadcast too (a group
     normalisation's scale, one channel per ``H x W`` elements of its row): its lanes read
-    one element."""
+    one element (``gathered_broadcasts``)."""
     if not block.iter_vars or not lanes_fit_booleans(block, vector):
         return False  # a block of no iterators computes one value: no vector moves
-    inner = block.iter_vars[-1]
-    extent = inner.dom.extent
-    if not isinstance(extent, tirx.IntImm) or int(extent) % vector:
+    frame = _LaneFrame.of(block, vector)
+    if frame is None:
         return False
-    dtype = str(inner.var.ty.dtype)
-    step, lane = tvm.ir.Var("vector_index", dtype), tvm.ir.Var("lane", dtype)
-    at_vector = step * tirx.IntImm(dtype, vector)
-    ana = Analyzer()
-    for iv in block.iter_vars[:-1]:
-        ana.bind(iv.var, iv.dom)
-    ana.bind(step, tvm.ir.Range(0, int(extent) // vector))
-    ana.bind(lane, tvm.ir.Range(0, vector))
     spatial = spatial_block(block)
-
     for region in (*block.reads, *block.writes):
-        index = _flat_index(region)
-        moved = substituted(index, inner.var, at_vector)
-        if moved.same_as(index):  # the same element for every lane: a broadcast
+        moved = frame.at_vector(region)
+        if moved is None or (spatial and frame.uniform(region)):
             continue
-        if spatial and ana.can_prove_equal(substituted(index, inner.var, at_vector + lane), moved):
-            continue
-        found = ana.modular_set(moved)
+        found = frame.ana.modular_set(moved)
         if found.coeff % vector or found.base % vector:
             return False
     return True
+
+
+MAX_GATHERED_LANES = 4
+"""Most lanes of a read that ``gathered_broadcasts`` finds that TVM's CUDA code generator
+prints right: it gathers eight lanes of float16 from an index vector of eight int32, and
+prints both as four-element vectors built from eight arguments (``make_longlong4``,
+``make_uint4``), which nvcc rejects (fuzz graph 12039:120: a maximum of (2, 96, 56, 56) and
+a (1, 56, 1) broadcast along its rows)."""
+
+
+def gathered_broadcasts(block: s_tir.stmt.SBlock, vector: int, flat: bool = False) -> bool:
+    """Whether a spatial ``block`` reads an element that is the same for every lane of an
+    aligned vector, but at an index that TVM's VectorizeLoop computes lane by lane, and so
+    gathers: one that moves with its innermost iterator (``aligned_vectors``' broadcast: no
+    simplification shows that the lanes' indices are equal), or, in a ``flat`` mapping (its
+    iterators fused into one index, ``emit._map_flat``), one that moves with its other
+    iterators only (a divide of the fused index, a row's scale)."""
+    frame = _LaneFrame.of(block, vector) if block.iter_vars and spatial_block(block) else None
+    if frame is None:
+        return False
+    outer = [iv.var for iv in block.iter_vars[:-1]]
+    return any((frame.at_vector(r) is not None and frame.uniform(r))
+               or (flat and frame.at_vector(r) is None
+                   and any(uses(_flat_index(r), v) for v in outer)) for r in block.reads)
+
+
+class _LaneFrame:
+    """The lanes of a vector of ``vector`` consecutive values of a block's innermost
+    iterator: its value at a vector's first lane and at any lane, with an analyzer that
+    knows the block's other iterators."""
+
+    def __init__(self, block: s_tir.stmt.SBlock, vector: int) -> None:
+        inner = block.iter_vars[-1]
+        dtype = str(inner.var.ty.dtype)
+        step, lane = tvm.ir.Var("vector_index", dtype), tvm.ir.Var("lane", dtype)
+        self.inner = inner.var
+        self.first = step * tirx.IntImm(dtype, vector)
+        self.any = self.first + lane
+        self.ana = Analyzer()
+        for iv in block.iter_vars[:-1]:
+            self.ana.bind(iv.var, iv.dom)
+        self.ana.bind(step, tvm.ir.Range(0, int(inner.dom.extent) // vector))
+        self.ana.bind(lane, tvm.ir.Range(0, vector))
+
+    @classmethod
+    def of(cls, block: s_tir.stmt.SBlock, vector: int) -> _LaneFrame | None:
+        """The frame of ``block``'s vectors; None when its innermost iterator's extent does
+        not divide into them."""
+        extent = block.iter_vars[-1].dom.extent
+        if not isinstance(extent, tirx.IntImm) or int(extent) % vector:
+            return None
+        return cls(block, vector)
+
+    def at_vector(self, region: tvm.ir.TensorRegion) -> tvm.ir.PrimExpr | None:
+        """The flat index of ``region`` at a vector's first lane; None where it does not
+        move with the lanes (one element for all: a broadcast)."""
+        index = _flat_index(region)
+        moved = substituted(index, self.inner, self.first)
+        return None if moved.same_as(index) else moved
+
+    def uniform(self, region: tvm.ir.TensorRegion) -> bool:
+        """Whether ``region``'s flat index is the same at every lane of a vector."""
+        index = _flat_index(region)
+        return self.ana.can_prove_equal(substituted(index, self.inner, self.any),
+                                        substituted(index, self.inner, self.first))
 
 
 MAX_BOOLEAN_LANES = 4
@@ -187,8 +239,8 @@ def vector_reads(sch: s_tir.Schedule, blocks: list[SBlockRV], vector: int
     return tuple(found)
 
 
-def lane_blocks(sch: s_tir.Schedule, blocks: list[SBlockRV], vector: int
-                ) -> tuple[str, ...]:
+def lane_blocks(sch: s_tir.Schedule, blocks: list[SBlockRV], vector: int,
+                flat: bool = False) -> tuple[str, ...]:
     """The names of the spatial blocks among ``blocks`` that take ``vector`` lanes
     (``aligned_vectors``, ``lanes_fit_booleans``) and access global memory, but whose lanes
     TVM's code would not compute as one vector: they call an intrinsic that TVM's
@@ -198,8 +250,10 @@ def lane_blocks(sch: s_tir.Schedule, blocks: list[SBlockRV], vector: int
     four instructions, each a quarter of a cache line per warp); or they compute values
     wider than a vector of ``VECTOR_BYTES`` holds (a float16 LayerNorm of eight lanes that
     normalises in float32: TVM's CUDA code generator prints eight floats as a
-    ``make_ulonglong4`` that nvcc rejects). The plan has them compute their lanes into
-    registers one by one and move their data in whole vectors."""
+    ``make_ulonglong4`` that nvcc rejects), or gather more than ``MAX_GATHERED_LANES``
+    lanes of a broadcast (``gathered_broadcasts``; ``flat``: the mapping fuses the blocks'
+    iterators). The plan has them compute their lanes
+    into registers one by one and move their data in whole vectors."""
     if vector == 1:
         return ()
     found: list[str] = []
@@ -209,7 +263,9 @@ def lane_blocks(sch: s_tir.Schedule, blocks: list[SBlockRV], vector: int
                 or not aligned_vectors(block, vector) or not lanes_fit_booleans(block, vector):
             continue
         if any(r.source.scope() == "global" for r in (*block.reads, *block.writes)) \
-                and (_lane_by_lane(block) or computed_bytes(block) * vector > VECTOR_BYTES):
+                and (_lane_by_lane(block) or computed_bytes(block) * vector > VECTOR_BYTES
+                     or (vector > MAX_GATHERED_LANES
+                         and gathered_broadcasts(block, vector, flat))):
             found.append(block.name_hint)
     return tuple(found)
 

@@ -43,7 +43,7 @@ from ...analysis.report import global_bytes, lowered_reports
 from ...analysis.roofline import GPU, kernel_time_us
 from ...analysis.traffic import AnalysisError
 from ...lowering import LoweredFunc, lower
-from ...plan import BufferRole, Choices, Group, StorageLevel
+from ...plan import BufferRole, Choices, Group, MappingKind, StorageLevel
 from ...symbolic import declared_bounds, is_symbolic, yardstick_sizes
 from ...target import MAX_SHARED_MEMORY_PER_BLOCK, MAX_THREADS_PER_BLOCK
 from ...transform.online_softmax import find_online_pairs
@@ -480,7 +480,8 @@ def _with_vector_plan(fused: tirx.PrimFunc, group: Group) -> Group:
     scalar = tuple(dict.fromkeys(group.scalar_blocks + scalar_blocks(
         done.sch, done.vectorisable(), mapping.vector)))
     lanes = () if group.phases else lane_blocks(done.sch, split_sinks(done.sch)[0],
-                                                mapping.vector)
+                                                mapping.vector,
+                                                mapping.kind is MappingKind.FLAT)
     group = replace(group, scalar_blocks=scalar,
                     lane_blocks=tuple(n for n in lanes if n not in scalar))
     if not group.choices.vector_reads:
