@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tvm
 from onnx import helper
-from regression_models import model, needs_stitch
+from regression_models import global_bytes, model, needs_stitch
 from tvm import relax
 
 from tvm_stitch import verify
@@ -213,4 +213,23 @@ def test_a_reduction_rewritten_to_a_value_already_bound_stitches_with_its_reader
     assert (len(mine.kernels), len(tvms.kernels)) == (1, 2)
     assert mine.global_bytes < tvms.global_bytes
     outcome = check_model(built, "stitch")
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+
+
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin"])
+def test_a_reduction_over_the_axes_an_expand_repeats_reduces_its_source(op: str) -> None:
+    # fuzz graph 12039:299: a mean down the 2 rows of a (16, 2048) expanded to (2, 16, 2048),
+    # in one kernel with the expand: 32 partial sums a thread of 1024 beside the loads nvcc
+    # hoisted out of the row walk (they read the same row each time), 184 B spilled on
+    # sm_90. Each repeated axis holds one value: the reduction reads the source (a sum
+    # times the repeats), and no kernel expands it.
+    nodes = [helper.make_node("Expand", ["x", "shape"], ["e"]),
+             helper.make_node(op, ["e", "axes"], ["r"], keepdims=0),
+             helper.make_node(op, ["e", "both"], ["b"], keepdims=1)]
+    built = model(nodes, {"x": [16, 2048]}, {"r": [16, 2048], "b": [1, 1, 2048]},
+                  {"shape": np.array([2, 16, 2048], np.int64),
+                   "axes": np.array([0], np.int64), "both": np.array([-3, -2], np.int64)})
+    assert len(analyze(verify.compile_model(built, "stitch")).kernels) == 1
+    assert global_bytes(built, "stitch") < global_bytes(built, "baseline") / 3
+    outcome = check_model(built, "stitch", triage=False)
     assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
