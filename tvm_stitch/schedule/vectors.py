@@ -252,8 +252,8 @@ def lane_blocks(sch: s_tir.Schedule, blocks: list[SBlockRV], vector: int,
     normalises in float32: TVM's CUDA code generator prints eight floats as a
     ``make_ulonglong4`` that nvcc rejects), or gather more than ``MAX_GATHERED_LANES``
     lanes of a broadcast (``gathered_broadcasts``; ``flat``: the mapping fuses the blocks'
-    iterators). The plan has them compute their lanes
-    into registers one by one and move their data in whole vectors."""
+    iterators). The plan has them compute their lanes into registers one by one and move
+    their data in whole vectors."""
     if vector == 1:
         return ()
     found: list[str] = []
