@@ -91,3 +91,23 @@ def test_two_readers_of_one_element_through_a_reshape_share_a_register_copy() ->
     outcome = check_model(g.model([e, s, p]), "stitch", triage=False)
     assert outcome.kind == "ok" and not outcome.fallbacks, (outcome.error, outcome.fallbacks)
     assert outcome.violations == []
+
+
+@pytest.mark.parametrize(("shape", "split"), [((8, 1000), (8, 250, 4)),
+                                               ((512, 1024), (512, 16, 64))])
+def test_an_input_held_for_a_reshaped_output_is_one_register(
+        shape: tuple[int, ...], split: tuple[int, ...]) -> None:
+    # fuzz graph 12040:100, shrunk: Where(x >= 0, x, y) on (8, 1000), reshaped to
+    # (8, 250, 4). x, read twice, was held in a register that TVM sized to all of x per
+    # thread (its region through the reshape's divisions unbounded): 4 KB of stack on sm_80
+    # and sm_90. The sink reads the register at its own flat position, so it holds the
+    # thread's element; beside it, a SiLU split into heads.
+    g = GraphBuilder("held_for_a_reshape")
+    x = g.input("x", shape)
+    picked = g.op("Where", g.op("GreaterOrEqual", x, g.constant(0.0)), x, g.input("y", shape))
+    silu = g.op("Mul", x, g.op("Sigmoid", x))
+    built = g.model([g.op("Reshape", out, g.constant(list(split), dtype=np.int64))
+                     for out in (picked, silu)])
+    outcome = check_model(built, "stitch", triage=False)
+    assert outcome.kind == "ok" and not outcome.fallbacks, (outcome.error, outcome.fallbacks)
+    assert outcome.violations == []

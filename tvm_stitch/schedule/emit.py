@@ -29,6 +29,7 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.schedule import LoopRV, SBlockRV
+from tvm.sym import Analyzer
 
 from ..lowering import COOPERATIVE_TAG
 from ..plan import (
@@ -93,7 +94,7 @@ from .task_split import (
     split_rows,
 )
 from .unroll_bounds import bound_row_walk, bound_unrolling
-from .vectors import aligned_vectors, lanes_fit_booleans, spatial_block
+from .vectors import aligned_vectors, flat_index, lanes_fit_booleans, spatial_block
 
 
 @dataclass(frozen=True)
@@ -339,9 +340,8 @@ def _map_flat(sch: s_tir.Schedule, mapping: ThreadMapping, scalar_blocks: tuple[
     bx, tx = sch.split(vectors, [None, mapping.rows_per_block])
     sch.bind(bx, "blockIdx.x")
     sch.bind(tx, "threadIdx.x")
-    shapes = [list(w.source.shape) for b in sinks for w in sch.get(b).writes]
     for block in others:
-        _register_per_thread(sch, block, shapes, mapping.vector)
+        _register_per_thread(sch, block, sinks, mapping.vector)
     if lanes:
         for block in sinks:
             if name_of(sch, block) in scalar_blocks:
@@ -352,24 +352,51 @@ def _map_flat(sch: s_tir.Schedule, mapping: ThreadMapping, scalar_blocks: tuple[
             _vectorise_own_vector(sch, block, mapping.vector, scalar_blocks)
 
 
-def _register_per_thread(sch: s_tir.Schedule, block: SBlockRV,
-                         sink_shapes: list[list[tvm.ir.PrimExpr]], vector: int) -> None:
-    """Lay out each register (local buffer) ``block`` writes in the shape of a sink as the
-    ``vector`` elements of one thread: the thread's elements are ``vector`` consecutive,
-    aligned elements of the flattened shape, so ``flat % vector`` tells them apart. TVM would
-    size the register from the region it can bound, and on 3-D shapes the fused index's
-    divisions and remainders hide that bound: a (2, 784, 384) bias + GELU kept its whole
-    intermediate per thread (a 9408-float array on PoCL's stack: segfault)."""
+def _register_per_thread(sch: s_tir.Schedule, block: SBlockRV, sinks: list[SBlockRV],
+                         vector: int) -> None:
+    """Lay out each register (local buffer) ``block`` writes in the shape of a sink, or read
+    by the sinks in place (``_read_in_place``), as the ``vector`` elements of one thread: the
+    thread's elements are ``vector`` consecutive, aligned elements of the flattened shape, so
+    ``flat % vector`` tells them apart. TVM would size the register from the region it can
+    bound, and on 3-D shapes the fused index's divisions and remainders hide that bound: a
+    (2, 784, 384) bias + GELU kept its whole intermediate per thread (a 9408-float array on
+    PoCL's stack: segfault)."""
+    shapes = [list(w.source.shape) for b in sinks for w in sch.get(b).writes]
     for index, region in enumerate(sch.get(block).writes):
         buffer = region.source
-        if buffer.scope() != LOCAL or not buffer.shape or not any(
+        if buffer.scope() != LOCAL or not buffer.shape or not (any(
                 len(s) == len(buffer.shape) and all(tvm_ffi.structural_equal(a, b)
                                                     for a, b in zip(s, buffer.shape,
                                                                     strict=True))
-                for s in sink_shapes):
+                for s in shapes) or _read_in_place(sch, buffer, sinks)):
             continue
         sch.transform_layout(block, ("write", index), lane_map(buffer, vector),
                              assume_injective_transform=True)
+
+
+def _read_in_place(sch: s_tir.Schedule, buffer: tirx.Buffer, sinks: list[SBlockRV]) -> bool:
+    """Whether only ``sinks`` read ``buffer``, each one element of it at the flat position of
+    the element it writes (a reshape: x of (8, 1000) held in a register for a select and
+    read as (8, 250, 4), which TVM sized to all of x per thread, 4 KB of stack, fuzz graph
+    12040:100): a thread's elements of it are then its elements of the sink."""
+    names = {name_of(sch, s) for s in sinks}
+    users = readers(sch, buffer)
+    if not users or any(name_of(sch, u) not in names for u in users):
+        return False
+    for user in users:
+        stmt = sch.get(user)
+        if len(stmt.writes) != 1:
+            return False
+        ana = Analyzer()
+        for iv in stmt.iter_vars:
+            ana.bind(iv.var, iv.dom)
+        at = flat_index(stmt.writes[0])
+        for region in stmt.reads:
+            if region.source.same_as(buffer) and not (
+                    all(ana.can_prove_equal(r.extent, 1) for r in region.region)
+                    and ana.can_prove_equal(flat_index(region), at)):
+                return False
+    return True
 
 
 def _map_rows(sch: s_tir.Schedule, mapping: ThreadMapping, block_caches: list[str],

@@ -64,7 +64,7 @@ def gathered_broadcasts(block: s_tir.stmt.SBlock, vector: int, flat: bool = Fals
     outer = [iv.var for iv in block.iter_vars[:-1]]
     return any((frame.at_vector(r) is not None and frame.uniform(r))
                or (flat and frame.at_vector(r) is None
-                   and any(uses(_flat_index(r), v) for v in outer)) for r in block.reads)
+                   and any(uses(flat_index(r), v) for v in outer)) for r in block.reads)
 
 
 class _LaneFrame:
@@ -97,13 +97,13 @@ class _LaneFrame:
     def at_vector(self, region: tvm.ir.TensorRegion) -> tvm.ir.PrimExpr | None:
         """The flat index of ``region`` at a vector's first lane; None where it does not
         move with the lanes (one element for all: a broadcast)."""
-        index = _flat_index(region)
+        index = flat_index(region)
         moved = substituted(index, self.inner, self.first)
         return None if moved.same_as(index) else moved
 
     def uniform(self, region: tvm.ir.TensorRegion) -> bool:
         """Whether ``region``'s flat index is the same at every lane of a vector."""
-        index = _flat_index(region)
+        index = flat_index(region)
         return self.ana.can_prove_equal(substituted(index, self.inner, self.any),
                                         substituted(index, self.inner, self.first))
 
@@ -162,7 +162,7 @@ def _scalar_parts(select: tirx.Select, inner: tvm.ir.Var, out: list[tvm.ir.Expr]
         tvm_ffi.structural_walk(select, [(tvm.ir.Expr, out.append)])
 
 
-def _flat_index(region: tvm.ir.TensorRegion) -> tvm.ir.PrimExpr:
+def flat_index(region: tvm.ir.TensorRegion) -> tvm.ir.PrimExpr:
     """The element offset of a region's first element in its buffer's memory."""
     buffer = region.source
     strides = list(buffer.strides)
