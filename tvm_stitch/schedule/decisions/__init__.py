@@ -367,7 +367,9 @@ def _even_or_ragged(fused: tirx.PrimFunc, func: tirx.PrimFunc, group: Group, row
     splits into about a wave (ViT's 197 tokens) otherwise take one long tile, or a tile per
     row and a partial sum per row and column: a LayerNorm backward's dgamma and dbeta over
     (197, 768) fell back that way (3 kernels, 3.6 MB); in 22 tiles of 9 rows, the last 8,
-    it is one kernel of 2.4 MB."""
+    it is one kernel of 2.4 MB. An estimate no slower and fewer bytes takes the ragged too
+    (a softmax down the 257 rows of (257, 2), both at the launch floor: 7.6 KB, not the
+    17.5 KB of 257 one-row tiles; fuzz graph 12041:277)."""
     def built(ragged: bool) -> Decided:
         sch = s_tir.Schedule(func)
         add_unit_loops(sch)
@@ -387,11 +389,13 @@ def _even_or_ragged(fused: tirx.PrimFunc, func: tirx.PrimFunc, group: Group, row
         return even
     try:
         ragged = built(True)
-        faster = _estimate_us(ragged, gpu) < _estimate_us(even, gpu)
+        ragged_us, even_us = _estimate_us(ragged, gpu), _estimate_us(even, gpu)
     except (Unstitchable, ValueError, AnalysisError) as err:
         logger.debug("no ragged row tiles for %s: %s", group.ops, error_summary(err))
         return even
-    return ragged if faster else even
+    counts = _byte_counts(ragged, even, func)
+    fewer = _no_more(counts) and any(r < e for r, e in counts)
+    return ragged if ragged_us < even_us or (ragged_us <= even_us and fewer) else even
 
 
 def _block_per_row(func: tirx.PrimFunc, sch: s_tir.Schedule, group: Group, rows: int,
