@@ -123,24 +123,15 @@ def _keepable(sch: s_tir.Schedule, func: tirx.PrimFunc) -> dict[str, bool]:
             and not any(name_of(sch, u) in chained for u in users)}
 
 
-def keepable_transposes(func: tirx.PrimFunc, rows: int, budget: int
-                        ) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The transposing copies of ``func`` (of ``rows`` rows) that ``permute_rows`` may keep
-    as blocks: those that move their input's innermost axis (inlined, each reader would read
-    the input one element per row apart), and the others whose row fits ``budget`` bytes of
-    shared memory (inlined, each reader reads the input again: a batch norm's channel rows
-    of (N, C, H, W), read for the mean and again to normalise; kept, a row that fits nowhere
-    on chip is read again all the same)."""
-    sch = s_tir.Schedule(func)
-    found = _keepable(sch, func)
-
-    def row_bytes(name: str) -> int:
-        buffer = sch.get(sch.get_sblock(name)).writes[0].source
-        elements = prod(dim_value(d) or 0 for d in buffer.shape)
-        return elements // max(rows, 1) * max(buffer.dtype.bits // 8, 1)
-
+def keepable_transposes(func: tirx.PrimFunc) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The transposing copies of ``func`` that ``permute_rows`` may keep as blocks: those
+    that move their input's innermost axis (inlined, each reader would read the input one
+    element per row apart), and the others (inlined, each reader reads the input again:
+    a batch norm's channel rows of (N, C, H, W), read for the mean and again to
+    normalise)."""
+    found = _keepable(s_tir.Schedule(func), func)
     return (tuple(n for n, moves in found.items() if moves),
-            tuple(n for n, moves in found.items() if not moves and row_bytes(n) <= budget))
+            tuple(n for n, moves in found.items() if not moves))
 
 
 def _chain_copies(sch: s_tir.Schedule, func: tirx.PrimFunc, keep: frozenset[str]

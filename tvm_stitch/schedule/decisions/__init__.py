@@ -257,8 +257,7 @@ def _decide(func: tirx.PrimFunc, group: Group, rows: int | None, target: Target 
     too where that builds and moves fewer bytes (a batch norm's channel rows of
     (32, 2048, 7, 7) staged once: 38.6 MB -> 25.7 MB; rows of (32, 64, 56, 56) do not fit
     on chip, and kept they would be read three times)."""
-    moving, others = keepable_transposes(rows_first(prepare(func), rows), rows,
-                                         target_budget(target)[0]) \
+    moving, others = keepable_transposes(rows_first(prepare(func), rows)) \
         if rows is not None else ((), ())
     try:
         decided = _decide_moves(func, group, rows, target, choices, online, moving)
