@@ -62,7 +62,7 @@ from ..blocks import (
 from ..emit import kernel, rewritten
 from ..occupancy import device_of, kernel_shared_bytes, max_registers, with_blocks_per_sm
 from ..phases import column_reductions
-from ..row_permutation import keepable_transposes, permute_rows
+from ..row_permutation import permute_rows
 from ..rows import Unstitchable, error_summary
 from ..rows_first import rows_first
 from ..vectors import lane_blocks, scalar_blocks, vector_reads
@@ -220,10 +220,12 @@ def _two_pass_or_online(func: tirx.PrimFunc, group: Group, rows: int, target: Ta
     except Unstitchable:
         return two_pass
     sizes = _counted_sizes(func, two_pass)
-    counts = _byte_counts(online, two_pass, func)
+    counts = [(global_bytes(online.lowered, sizes=at), global_bytes(two_pass.lowered, sizes=at))
+              for at in sizes]
     fewer_barriers = online.group.row_split == two_pass.group.row_split \
         and len(online.group.phases) < len(two_pass.group.phases)
-    if _no_more(counts) and (fewer_barriers or any(o < t for o, t in counts)):
+    if all(o is not None and t is not None and o <= t for o, t in counts) \
+            and (fewer_barriers or any(o < t for o, t in counts)):
         return online
     if not fewer_barriers:
         return two_pass
@@ -252,57 +254,29 @@ def _counted_sizes(func: tirx.PrimFunc, decided: Decided) -> list[dict[str, int]
 def _decide(func: tirx.PrimFunc, group: Group, rows: int | None, target: Target | None,
             choices: Choices, online: OnePass) -> Decided:
     """``decide`` with the reduction pairs ``online`` taken in one pass: with the
-    transposing copies of inputs that move their innermost axis kept as blocks
-    (``row_permutation``), or inlined where that does not stitch; and with the others kept
-    too where that builds and moves fewer bytes (a batch norm's channel rows of
-    (32, 2048, 7, 7) staged once: 38.6 MB -> 25.7 MB; rows of (32, 64, 56, 56) do not fit
-    on chip, and kept they would be read three times)."""
-    moving, others = keepable_transposes(rows_first(prepare(func), rows)) \
-        if rows is not None else ((), ())
+    transposing copies of inputs kept as blocks (``row_permutation``), or inlined where
+    that does not stitch."""
     try:
-        decided = _decide_moves(func, group, rows, target, choices, online, moving)
+        return _decide_moves(func, group, rows, target, choices, online, True)
     except Unstitchable as err:
-        if not moving:
+        if rows is None or not permute_rows(rows_first(prepare(func), rows), True)[1].kept:
             raise
         logger.debug("%s with its transposes kept does not stitch: %s", group.ops,
                      error_summary(err))
-        decided = _decide_moves(func, group, rows, target, choices, online, ())
-    if not others or target is None:
-        return decided
-    try:
-        kept = _decide_moves(func, group, rows, target, choices, online, moving + others)
-    except Unstitchable as err:
-        logger.debug("%s with every transpose kept does not stitch: %s", group.ops,
-                     error_summary(err))
-        return decided
-    counts = _byte_counts(kept, decided, func)
-    return kept if counts and _no_more(counts) and any(o < t for o, t in counts) else decided
-
-
-def _byte_counts(one: Decided, other: Decided, func: tirx.PrimFunc
-                 ) -> list[tuple[int | None, int | None]]:
-    """The global bytes the kernels ``one`` and ``other`` (of ``func``) move at each size
-    counted (``_counted_sizes``)."""
-    return [(global_bytes(one.lowered, sizes=at), global_bytes(other.lowered, sizes=at))
-            for at in _counted_sizes(func, other)]
-
-
-def _no_more(counts: list[tuple[int | None, int | None]]) -> bool:
-    """Whether every pair of ``counts`` is counted, the first no more than the second."""
-    return all(o is not None and t is not None and o <= t for o, t in counts)
+        return _decide_moves(func, group, rows, target, choices, online, False)
 
 
 def _decide_moves(func: tirx.PrimFunc, group: Group, rows: int | None,
                   target: Target | None, choices: Choices, online: OnePass,
-                  keep: tuple[str, ...]) -> Decided:
-    """``_decide`` with the transposing copies of inputs ``keep`` kept as blocks."""
+                  keep_transposes: bool) -> Decided:
+    """``_decide`` with the transposing copies of inputs kept or not."""
     group = replace(group, choices=choices, online=online.softmax,
                     online_variance=online.variance)
     budget, max_threads = target_budget(target)
     gpu = device_of(target)
     fused, func = func, prepare_one_pass(func, online.softmax, online.variance)
     if rows is not None:
-        func, moves = permute_rows(rows_first(func, rows), keep)
+        func, moves = permute_rows(rows_first(func, rows), keep_transposes)
         group = replace(group, permuted_copies=moves.copies, permuted_outputs=moves.outputs,
                         transposed_copies=moves.kept)
     sch = s_tir.Schedule(func)
