@@ -220,12 +220,10 @@ def _two_pass_or_online(func: tirx.PrimFunc, group: Group, rows: int, target: Ta
     except Unstitchable:
         return two_pass
     sizes = _counted_sizes(func, two_pass)
-    counts = [(global_bytes(online.lowered, sizes=at), global_bytes(two_pass.lowered, sizes=at))
-              for at in sizes]
+    counts = _byte_counts(online, two_pass, func)
     fewer_barriers = online.group.row_split == two_pass.group.row_split \
         and len(online.group.phases) < len(two_pass.group.phases)
-    if all(o is not None and t is not None and o <= t for o, t in counts) \
-            and (fewer_barriers or any(o < t for o, t in counts)):
+    if _no_more(counts) and (fewer_barriers or any(o < t for o, t in counts)):
         return online
     if not fewer_barriers:
         return two_pass
@@ -236,6 +234,19 @@ def _two_pass_or_online(func: tirx.PrimFunc, group: Group, rows: int, target: Ta
     except AnalysisError:
         return two_pass
     return online if times and all(o < t for o, t in times) else two_pass
+
+
+def _byte_counts(one: Decided, other: Decided, func: tirx.PrimFunc
+                 ) -> list[tuple[int | None, int | None]]:
+    """The global bytes the kernels ``one`` and ``other`` (of ``func``) move at each size
+    counted (``_counted_sizes``)."""
+    return [(global_bytes(one.lowered, sizes=at), global_bytes(other.lowered, sizes=at))
+            for at in _counted_sizes(func, other)]
+
+
+def _no_more(counts: list[tuple[int | None, int | None]]) -> bool:
+    """Whether every pair of ``counts`` is counted, the first no more than the second."""
+    return all(o is not None and t is not None and o <= t for o, t in counts)
 
 
 def _counted_sizes(func: tirx.PrimFunc, decided: Decided) -> list[dict[str, int]]:
