@@ -38,12 +38,13 @@ def test_a_group_worse_than_tvm_falls_back_with_both_counts() -> None:
 
 def _expand_then_reduce_over_it() -> object:
     """Fuzz graph 10007:230: the minimum over the axis an Expand made (and the batch) of
-    x (2, 32, 13), beside x / 0.75."""
+    x (2, 32, 13), beside x / 0.75; here the product, which UnitReduction leaves over the
+    expanded axis (a minimum now reduces the source there)."""
     g = GraphBuilder("expand_then_reduce")
     x = g.input("x", (2, 32, 13))
     wide = g.op("Expand", g.op("Reshape", x, g.constant([1, 2, 32, 13], dtype=np.int64)),
                 g.constant([7, 2, 32, 13], dtype=np.int64))
-    return g.model([g.op("ReduceMin", wide, g.axes(0, 1), keepdims=0),
+    return g.model([g.op("ReduceProd", wide, g.axes(0, 1), keepdims=0),
                     g.op("Div", x, g.constant(0.75))])
 
 
