@@ -5,8 +5,8 @@ an axis of extent 1 is 1 (0) where ``x`` is finite and NaN elsewhere, as ``exp(x
 ``beta`` (over unit and longer ones, a layer norm over the longer ones), and a matmul over
 an inner dimension of 1 is a broadcast multiply; a sum, mean, max or min over axes that a
 broadcast repeats reduces the broadcast's source there (a sum times the repeats). Not
-``x - x`` itself: TVM's simplifier
-folds it to 0 for floats too, and an infinite input gave 1 where onnxruntime gives NaN.
+``x - x`` itself: TVM's simplifier folds it to 0 for floats too, and an infinite input gave
+1 where onnxruntime gives NaN.
 
 Summing, averaging, or taking the maximum, minimum or product over axes of one element
 returns each element unchanged: the result is the input with those axes dropped (or kept
@@ -189,7 +189,6 @@ class _UnitReduction(relax.PyExprMutator):
         if tvm_ffi.structural_equal(data.ty.shape, call.ty.shape):
             return data
         return relax.op.reshape(data, call.ty.shape)
-
 
     def _over_source(self, call: relax.Call) -> tuple[relax.Expr, int]:
         """A sum, mean, max or min of ``broadcast_to(x, shape)`` over axes that the

@@ -608,10 +608,10 @@ def _held_results(sch: s_tir.Schedule, in_registers: dict[str, int]) -> dict[str
     variance's triple) where together they take no more than ``HELD_RESULTS_REGISTERS``
     (``_held_sums``), else the first alone, the others accumulating in place in global
     memory, a read and a write of each at every row step: a batch norm's triple over 2048
-    columns on 512 threads (12 registers) moved 142 MB of its 256 MB in place where its input and
-    output are 67 MB, and the rules kept two passes instead (its input read three times,
-    153 MB; all held, 122 MB). The registers budgeted (``_held_sums``) count every result
-    either way."""
+    columns on 512 threads (12 registers) moved 142 MB of its 256 MB in place where its
+    input and output are 67 MB, and the rules kept two passes instead (its input read three
+    times, 153 MB; all held, 122 MB). The registers budgeted (``_held_sums``) count every
+    result either way."""
     return {name: len(sch.get(sch.get_sblock(name)).writes)
             if _held_sums(sch, {name: slots}) <= HELD_RESULTS_REGISTERS else 1
             for name, slots in in_registers.items()}
