@@ -177,7 +177,10 @@ class Choices:
     (``online_variance``, ``transform.online_variance``), and the blocks per
     thread-block cluster of a split row group (``cluster``, 1: none; sm_90), and whether a
     Global group's row tiles may leave the last one short (``ragged_tiles``, rows that no
-    divisor splits into about a wave: ``tiles.ragged_tiles``).
+    divisor splits into about a wave: ``tiles.ragged_tiles``), and whether a row group keeps
+    as blocks the transposing copies of inputs that keep the innermost axis
+    (``kept_transposes``, ``row_permutation.keepable_transposes``; the rules keep them where
+    that moves fewer bytes).
     ``schedule.decisions`` applies them and raises Unstitchable for an illegal one; the
     candidate space (``tuning.space``) offers only legal ones."""
 
@@ -196,6 +199,7 @@ class Choices:
     online_variance: bool | None = None
     cluster: int | None = None
     ragged_tiles: bool | None = None
+    kept_transposes: bool | None = None
 
     def __str__(self) -> str:
         fixed = [f"{f.name.replace('_', ' ')} {getattr(self, f.name)}" for f in fields(self)

@@ -64,12 +64,33 @@ def _window_reverse_layer_norm(channels: int, window: int, windows: int):
                                              ([500, 2, 32], TensorProto.FLOAT)])
 def test_a_layer_norm_of_a_transpose_stages_one_permuted_row_per_block(
         shape: list[int], elem_type: int) -> None:
+    # the rules keep the transpose as a block (below); inlined, x is staged permuted
     built = _transposed_layer_norm(shape, elem_type)
-    plan = StitchPlan.of_module(verify.compile_model(built, "stitch"))
+    with choosing(FixedChoices(Choices(kept_transposes=False))):
+        plan = StitchPlan.of_module(verify.compile_model(built, "stitch"))
+        outcome = check_model(built, "stitch")
     (group,) = plan.groups
     assert group.mapping.rows_per_block == 1, group
     assert any(d.kind is DemotionKind.ONE_PERMUTED_ROW for d in group.demotions), group
     assert _level(group, "x") is StorageLevel.SHARED, group
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+
+
+@pytest.mark.parametrize("shape,elem_type,kept,inlined", [
+    ([500, 2, 3], TensorProto.FLOAT16, 15000, 24000),
+    ([500, 2, 32], TensorProto.FLOAT, 320000, 512000)])
+def test_a_layer_norm_of_a_kept_transpose_packs_rows_and_reads_gamma_less(
+        shape: list[int], elem_type: int, kept: int, inlined: int) -> None:
+    # kept as a block the transpose reads each row of x once, into the rows the block packs;
+    # inlined, one permuted row per block reads gamma once per row
+    built = _transposed_layer_norm(shape, elem_type)
+    scheduled = verify.compile_model(built, "stitch")
+    (group,) = StitchPlan.of_module(scheduled).groups
+    assert group.transposed_copies and group.mapping.rows_per_block > 1, group
+    assert verify.summarize(scheduled, built)["global_bytes"] == kept
+    with choosing(FixedChoices(Choices(kept_transposes=False))):
+        unkept = verify.compile_model(built, "stitch")
+    assert verify.summarize(unkept, built)["global_bytes"] == inlined
     outcome = check_model(built, "stitch")
     assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
 
@@ -77,7 +98,7 @@ def test_a_layer_norm_of_a_transpose_stages_one_permuted_row_per_block(
 def test_rows_per_block_a_tuner_fixes_re_read_the_permuted_input() -> None:
     built = _transposed_layer_norm([256, 2, 3])
     (task, *_) = extract_tasks(import_model(built), "cuda:sm_90")
-    choices = Choices(rows_per_block=2)
+    choices = Choices(rows_per_block=2, kept_transposes=False)
     group = decide(task.func, task.group, task.rows, task.target, choices).group
     assert group.mapping.rows_per_block == 2, group
     assert _level(group, "x") is StorageLevel.GLOBAL, group

@@ -13,8 +13,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from tvm_stitch import verify
 from tvm_stitch.analysis import analyze
-from tvm_stitch.plan import StitchPlan
+from tvm_stitch.plan import Choices, StitchPlan
+from tvm_stitch.schedule.decisions.choosing import FixedChoices, choosing
 from tvm_stitch.testing.differential import check_model
+from tvm_stitch.tuning.space import choice_space
 
 RNG = np.random.default_rng(0)
 
@@ -133,3 +135,37 @@ def test_a_transposed_row_read_inside_the_kernel_is_written_whole() -> None:
     assert not any(g.permuted_outputs for g in plan.groups), str(plan)
     outcome = check_model(model, "stitch")
     assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+
+
+def test_a_batch_norms_channel_rows_that_fit_on_chip_read_their_input_once() -> None:
+    # A batch norm in training over (N, C, H, W) reduces each channel's N x H x W elements:
+    # rows of a transposed view that keeps W innermost. Its transpose was inlined into the
+    # mean and the normalisation, each reading x: twice (602,880 B at (8, 32, 14, 14)).
+    # Kept as a block, the row is staged once (402,176 B); rows of (32, 64, 56, 56), 100,352
+    # elements, fit on chip nowhere, and the transpose stays inlined (two reads, not three).
+    from tvm_stitch.workloads import micro
+
+    model = micro.batchnorm_nchw_train((8, 32, 14, 14))
+    scheduled = verify.compile_model(model, "stitch")
+    (group,) = StitchPlan.of_module(scheduled).groups
+    assert group.transposed_copies, group
+    (kernel,) = analyze(scheduled).kernels
+    x = kernel.traffic.buffers["x"]
+    assert x.read_bytes == x.size_bytes
+    assert kernel.traffic.global_bytes == 402176
+    outcome = check_model(model, "stitch", triage=False)
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+    # the rules' choice is one of the space's: a tuner may inline the transpose again
+    assert Choices(kept_transposes=False) in choice_space(group, 1024)
+    with choosing(FixedChoices(Choices(kept_transposes=False))):
+        inlined = verify.compile_model(model, "stitch")
+        outcome = check_model(model, "stitch", triage=False)
+    assert not StitchPlan.of_module(inlined).groups[0].transposed_copies
+    (kernel,) = analyze(inlined).kernels
+    assert kernel.traffic.global_bytes == 602880
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+    real = verify.compile_model(micro.batchnorm_nchw_train((32, 64, 56, 56)), "stitch")
+    (group,) = StitchPlan.of_module(real).groups
+    assert not group.transposed_copies
+    (kernel,) = analyze(real).kernels
+    assert kernel.traffic.buffers["x"].read_bytes == 2 * kernel.traffic.buffers["x"].size_bytes

@@ -246,7 +246,7 @@ def rewritten(func: tirx.PrimFunc, group: Group) -> Rewritten:
             and not group.mapping.rows_expr:
         func = rows_first(func, group.mapping.rows // (group.row_split or 1))
     if group.permuted_copies or group.permuted_outputs:
-        func, moves = permute_rows(func, keep_transposes=bool(group.transposed_copies))
+        func, moves = permute_rows(func, group.transposed_copies)
         planned = RowPermutation(group.permuted_copies, group.permuted_outputs,
                                  group.transposed_copies)
         assert moves == planned, (moves, planned)

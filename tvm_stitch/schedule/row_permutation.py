@@ -18,20 +18,23 @@ be stitched. ``permute_rows`` rewrites a row group's PrimFunc so they can be:
   the permuted indices (half a LayerNorm's row of (2, 32, 127) transposed to (32, 2, 127)
   was written, fuzz graph 5150:916 while shrinking).
 
-A transposing copy that reads an input directly and moves the input's innermost axis (tokens
-to channels-last before a LayerNorm: ``(B, C, H, W) -> (B, H, W, C)``) is not inlined when
-``keep_transposes``: its readers would each read the input again, one element per channel
-apart, where the copy, kept as a block of the row group, reads every element once and its
-readers read the row on chip (a Regional intermediate). ConvNeXt's and Swin's first
-LayerNorm read their input three times inlined.
+A transposing copy that reads an input directly may be kept as a block instead
+(``keepable_transposes``, ``keep``): inlined, its readers would each read the input again,
+one element per channel apart where it moves the input's innermost axis (tokens to
+channels-last before a LayerNorm: ``(B, C, H, W) -> (B, H, W, C)``), where the copy, kept
+as a block of the row group, reads every element once and its readers read the row on chip
+(a Regional intermediate). ConvNeXt's and Swin's first LayerNorm read their input three
+times inlined; a batch norm's channel rows of (N, C, H, W) (a transpose that keeps the
+innermost axis) twice, where a row fits on chip.
 
-Decisions apply it to every row group and record what it did (``Group.permuted_copies``,
+Decisions choose what to keep and record what was done (``Group.permuted_copies``,
 ``Group.permuted_outputs``, ``Group.transposed_copies``); emission applies it where the plan
 says so and checks it does the same.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from math import prod
 
@@ -93,28 +96,64 @@ def _moves_innermost(stmt: s_tir.stmt.SBlock, load: tvm.ir.TensorLoad) -> bool:
         or not Analyzer().can_prove_equal(last.dom.extent, load.source.shape[-1])
 
 
-def _chain_copies(sch: s_tir.Schedule, func: tirx.PrimFunc, keep_transposes: bool
-                  ) -> tuple[list[str], list[str]]:
-    """Copy blocks writing an intermediate that belong to a chain with a transposing copy:
-    transposing themselves, read by copies of the chain only, or reading one; and, with
-    ``keep_transposes``, the transposing copies kept out of chains (the module docstring):
-    of an input, moving its innermost axis, read by no transposing copy (a reshape of the
-    transposed rows reads them where they lie: MobileViT's unfolded patches)."""
-    params = {p.name for p in func.params}
+def _copies(sch: s_tir.Schedule) -> dict[str, tuple[s_tir.stmt.SBlock, tvm.ir.TensorLoad, bool]]:
+    """Each copy block -> its statement, the load it copies and whether it transposes."""
     copies = {}
     for block in child_blocks(sch):
         stmt = sch.get(block)
         load = _copy_source(stmt)
         if load is not None:
             copies[name_of(sch, block)] = (stmt, load, _transposes(stmt, load))
+    return copies
+
+
+def _keepable(sch: s_tir.Schedule, func: tirx.PrimFunc) -> dict[str, bool]:
+    """The transposing copies that may be kept out of chains (the module docstring), each
+    with whether it moves its input's innermost axis: of an input, into an intermediate,
+    read by no transposing copy (a reshape of the transposed rows reads them where they
+    lie: MobileViT's unfolded patches)."""
+    params = {p.name for p in func.params}
+    copies = _copies(sch)
+    chained = {name for name, (_, _, transposes) in copies.items() if transposes}
+    return {name: _moves_innermost(copies[name][0], copies[name][1])
+            for name in sorted(chained)
+            if copies[name][1].source.name in params
+            and copies[name][0].writes[0].source.name not in params
+            and (users := readers(sch, copies[name][0].writes[0].source))
+            and not any(name_of(sch, u) in chained for u in users)}
+
+
+def keepable_transposes(func: tirx.PrimFunc, rows: int, budget: int
+                        ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The transposing copies of ``func`` (of ``rows`` rows) that ``permute_rows`` may keep
+    as blocks: those that move their input's innermost axis (inlined, each reader would read
+    the input one element per row apart), and the others whose row fits ``budget`` bytes of
+    shared memory (inlined, each reader reads the input again: a batch norm's channel rows
+    of (N, C, H, W), read for the mean and again to normalise; kept, a row that fits nowhere
+    on chip is read again all the same)."""
+    sch = s_tir.Schedule(func)
+    found = _keepable(sch, func)
+
+    def row_bytes(name: str) -> int:
+        buffer = sch.get(sch.get_sblock(name)).writes[0].source
+        elements = prod(dim_value(d) or 0 for d in buffer.shape)
+        return elements // max(rows, 1) * max(buffer.dtype.bits // 8, 1)
+
+    return (tuple(n for n, moves in found.items() if moves),
+            tuple(n for n, moves in found.items() if not moves and row_bytes(n) <= budget))
+
+
+def _chain_copies(sch: s_tir.Schedule, func: tirx.PrimFunc, keep: frozenset[str]
+                  ) -> tuple[list[str], list[str]]:
+    """Copy blocks writing an intermediate that belong to a chain with a transposing copy:
+    transposing themselves, read by copies of the chain only, or reading one; and the
+    transposing copies of ``keep`` kept out of chains (asserted ``_keepable``)."""
+    params = {p.name for p in func.params}
+    copies = _copies(sch)
     writers = {stmt.writes[0].source.name: name for name, (stmt, _, _) in copies.items()}
     chained = {name for name, (_, _, transposes) in copies.items() if transposes}
-    kept = [name for name in sorted(chained) if keep_transposes
-            and copies[name][1].source.name in params
-            and copies[name][0].writes[0].source.name not in params
-            and _moves_innermost(copies[name][0], copies[name][1])
-            and (users := readers(sch, copies[name][0].writes[0].source))
-            and not any(name_of(sch, u) in chained for u in users)]
+    kept = sorted(keep)
+    assert set(kept) <= set(_keepable(sch, func)), (kept, _keepable(sch, func))
     chained -= set(kept)
     grown = True
     while grown:
@@ -141,12 +180,13 @@ class RowPermutation:
     kept: tuple[str, ...] = ()
 
 
-def permute_rows(func: tirx.PrimFunc, keep_transposes: bool = False
+def permute_rows(func: tirx.PrimFunc, keep: Collection[str] = ()
                  ) -> tuple[tirx.PrimFunc, RowPermutation]:
-    """``func`` with its whole-row layout moves rewritten as the module docstring says, and
-    what was rewritten (``func`` itself and a record of nothing inlined when nothing was)."""
+    """``func`` with its whole-row layout moves rewritten as the module docstring says, the
+    transposing copies of ``keep`` (``keepable_transposes``) kept as blocks, and what was
+    rewritten (``func`` itself and a record of nothing inlined when nothing was)."""
     sch = s_tir.Schedule(func)
-    chain, kept = _chain_copies(sch, func, keep_transposes)
+    chain, kept = _chain_copies(sch, func, frozenset(keep))
     for name in chain:
         inline(sch, sch.get_sblock(name))
     params = {p.name for p in func.params}
@@ -191,4 +231,4 @@ def _own_row_reads(func: tirx.PrimFunc, names: list[str]) -> tirx.PrimFunc:
     return tvm_ffi.structural_map(func, [(s_tir.stmt.SBlock, on_block)])
 
 
-__all__ = ["RowPermutation", "permute_rows"]
+__all__ = ["RowPermutation", "keepable_transposes", "permute_rows"]

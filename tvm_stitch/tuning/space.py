@@ -134,6 +134,7 @@ def choice_space(group: Group, max_threads: int, clusters: bool = False) -> list
     if mapping.kind not in (MappingKind.FLAT, MappingKind.ROW_WALK):
         space.append(Choices(online_softmax=not group.online))
         space.append(Choices(online_variance=not group.online_variance))
+        space.append(Choices(kept_transposes=not group.transposed_copies))
     return list(dict.fromkeys(space))
 
 

@@ -21,12 +21,12 @@ WALK_CHOICES = frozenset({"row_steps", "vector", "walk_rows"})
 
 ROW_CHOICES = frozenset({"threads_per_row", "rows_per_block", "row_steps", "vector",
                          "split_parts", "reread", "held", "vector_reads", "online_softmax",
-                         "online_variance"})
+                         "online_variance", "kept_transposes"})
 """What a row group's choices may fix."""
 
 GLOBAL_CHOICES = frozenset({"threads_per_row", "vector", "split_parts", "column_tiles",
                             "reread", "online_softmax", "online_variance", "cluster",
-                            "ragged_tiles"})
+                            "ragged_tiles", "kept_transposes"})
 """What a Global group's choices may fix (a split row group's: not its threads; only a split
 row group's: its clusters)."""
 
