@@ -76,6 +76,27 @@ shared memory): 32 of the 64 registers a thread of a 1024-thread block may use a
 occupancy. An element narrower than 32 bits takes two (``_element_registers``)."""
 
 
+MANY_OUTPUTS = 4
+"""Outputs a kernel writes from which its held elements of a row take at most
+``MANY_OUTPUTS_ROW_REGISTERS`` registers."""
+
+MANY_OUTPUTS_ROW_REGISTERS = 28
+"""Most registers the held elements of a row take beside ``MANY_OUTPUTS`` or more outputs,
+each written in a loop over them with its own addresses. ptxas on a float32 softmax over
+rows of L on 1024 threads beside ``-x`` and k outputs ``|-x|`` (fuzz 12043:288, k = 2 at
+30000): 31 held beside 3 outputs, none spilled; 30 held beside 4, 5 or 6 outputs, 8 to 24 B
+spilled; 29 held beside up to 8 outputs, none."""
+
+
+def _row_registers(sch: s_tir.Schedule) -> int:
+    """Most registers the elements of a row one thread holds may take in the kernel of
+    ``sch``: ``REGISTER_ROW_ELEMENTS``, or ``MANY_OUTPUTS_ROW_REGISTERS`` where it writes
+    ``MANY_OUTPUTS`` outputs or more."""
+    written = {w.source.name for b in child_blocks(sch) for w in sch.get(b).writes}
+    outputs = sum(p.name in written for p in sch.mod["main"].params)
+    return MANY_OUTPUTS_ROW_REGISTERS if outputs >= MANY_OUTPUTS else REGISTER_ROW_ELEMENTS
+
+
 def _element_registers(param: tirx.Buffer) -> int:
     """Registers one held element of ``param`` is budgeted: one, or two for a type narrower
     than 32 bits, whose readers keep it widened as well as at its own type (a LayerNorm
@@ -90,13 +111,14 @@ def hold(sch: s_tir.Schedule, dec: Decisions, staging: Staging, mapping: ThreadM
          taken: int = 0) -> bool:
     """Hold the input ``staging`` in its threads' registers instead (``dec.held``), if every
     reader reads only its own elements and its elements a thread holds take at most
-    ``REGISTER_ROW_ELEMENTS`` registers with the ``taken`` it already keeps (never for a row
+    ``REGISTER_ROW_ELEMENTS`` registers (``_row_registers``: fewer beside many outputs) with
+    the ``taken`` it already keeps (never for a row
     of symbolic length: a loop of run-time extent holds nothing); whether it is held. A
     column reduction's 30 partial sums per thread and a held input of 30 more spilled (fuzz
     graph 1207:27). Nor beside ``vectors.HALF_MATH_CALLS`` transcendentals on float16."""
     param = next(p for p in sch.mod["main"].params if p.name == staging.name)
     slots = _register_slots(staging, mapping, param)
-    if not staging.own or _registers_held(staging, mapping, param) + taken > REGISTER_ROW_ELEMENTS \
+    if not staging.own or _registers_held(staging, mapping, param) + taken > _row_registers(sch) \
             or mapping.length_expr \
             or half_math_calls(sch, child_blocks(sch)) >= HALF_MATH_CALLS:
         return False
