@@ -10,8 +10,9 @@ batch norm in training over (197, 768) was left to TVM whole. Ragged tiles
 end guarded as those of a run-time row count (``transform.guarded_updates``, which now also
 guards a pair's update: an online softmax's maximum and sum). The rules take them where the
 kernel in tiles that divide the rows does not build or is estimated slower, or no faster
-and moving more bytes (``decisions._even_or_ragged``); the candidate space offers the other
-(``ragged_tiles``).
+and moving more bytes, or, over at most ``tiles.SMALL_GLOBAL_ELEMENTS`` elements, faster by
+less than ``TIME_MARGIN`` and moving more bytes (``decisions._even_or_ragged``); the
+candidate space offers the other (``ragged_tiles``).
 Owners: schedule/decisions/global_stitch.py, schedule/decisions/tiles.py."""
 
 from __future__ import annotations
@@ -80,6 +81,30 @@ def test_ragged_tiles_estimated_as_fast_and_moving_fewer_bytes_are_taken() -> No
                   {"y": [257, 2]}, elem_type=TensorProto.FLOAT16)
     _, stitched, tvm = _one_ragged_kernel(built, 29, 9)
     assert stitched.global_bytes < tvm.global_bytes
+    outcome = check_model(built, "stitch")
+    assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
+
+
+def test_small_ragged_tiles_estimated_a_little_slower_and_moving_fewer_bytes_are_taken(
+        ) -> None:
+    # fuzz graph 12044:80: a log-softmax down the 257 rows of (257, 3) beside element-wise
+    # outputs. The even kernel, 257 tiles of one row (a tile of 257 rows would keep 257
+    # elements of x a thread in registers), moved 43,200 B where TVM's three kernels move
+    # 27,756 B, estimated at 6.6 us; 29 ragged tiles of 9 rows move 27,132 B at 7.1 us
+    nodes = [helper.make_node("Abs", ["x"], ["a"]),
+             helper.make_node("Add", ["a", "half"], ["h"]),
+             helper.make_node("Pow", ["h", "power"], ["p"]),
+             helper.make_node("Add", ["x", "bias"], ["b"]),
+             helper.make_node("LogSoftmax", ["x"], ["y"], axis=0)]
+    built = model(nodes, {"x": [257, 3]}, {"p": [257, 3], "b": [257, 3], "y": [257, 3]},
+                  {"half": np.array(0.5, np.float32), "power": np.array(1.5, np.float32),
+                   "bias": np.array([-1.0, 0.0, 1.0], np.float32)})
+    _, stitched, tvm = _one_ragged_kernel(built, 29, 9)
+    assert stitched.global_bytes < tvm.global_bytes
+    with choosing(FixedChoices(Choices(ragged_tiles=False))):
+        even = analyze(verify.compile_model(built, "stitch", TARGET))
+    assert even.global_bytes > tvm.global_bytes
+    assert even.roofline_us()["H200"] < stitched.roofline_us()["H200"]
     outcome = check_model(built, "stitch")
     assert outcome.kind == "ok" and not outcome.violations, (outcome.error, outcome.violations)
 

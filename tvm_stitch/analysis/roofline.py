@@ -150,6 +150,12 @@ def effective_bandwidth(gpu: GPU, work: KernelWork) -> float:
     return gpu.bandwidth * (active_sms / gpu.sms) * concurrency
 
 
+TIME_MARGIN = 1.5
+"""How many times slower than another kernel one may be estimated and still be taken for
+what else it saves (TVM's fusion for the same ops, ``transform.yardstick``; bytes, in small
+work, ``schedule.decisions``): the model ranks, it does not predict to a few percent."""
+
+
 def kernel_time_us(gpu: GPU, work: KernelWork) -> float:
     """Estimated microseconds for one launch: overhead and grid barriers, plus bytes at
     effective bandwidth."""

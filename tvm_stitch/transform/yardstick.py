@@ -31,15 +31,11 @@ from tvm import relax, tirx
 from tvm.target import Target
 
 from ..analysis.report import estimated_us, global_bytes
-from ..analysis.roofline import GPU
+from ..analysis.roofline import GPU, TIME_MARGIN
 from ..graph.tvm_fusion import TVMFusion
 from ..lowering import LoweredFunc, lower
 from ..schedule.rule import default_rules, schedule_func
 from ..symbolic import yardstick_sizes
-
-TIME_MARGIN = 1.5
-"""How many times slower than TVM's kernels for the same ops a stitched kernel may be
-estimated: the roofline model ranks, it does not predict to a few percent."""
 
 
 class Yardstick:

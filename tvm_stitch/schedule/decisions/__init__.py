@@ -40,7 +40,7 @@ from tvm import s_tir, tirx
 from tvm.target import Target
 
 from ...analysis.report import global_bytes, lowered_reports
-from ...analysis.roofline import GPU, kernel_time_us
+from ...analysis.roofline import GPU, TIME_MARGIN, kernel_time_us
 from ...analysis.traffic import AnalysisError
 from ...lowering import LoweredFunc, lower
 from ...plan import BufferRole, Choices, Group, MappingKind, StorageLevel
@@ -73,6 +73,7 @@ from .row_walk import decide_row_walk, walk_rows
 from .rows import decide_rows
 from .split import split_candidates
 from .state import launch_of
+from .tiles import SMALL_GLOBAL_ELEMENTS
 
 logger = logging.getLogger(__name__)
 
@@ -373,7 +374,12 @@ def _even_or_ragged(fused: tirx.PrimFunc, func: tirx.PrimFunc, group: Group, row
     (197, 768) fell back that way (3 kernels, 3.6 MB); in 22 tiles of 9 rows, the last 8,
     it is one kernel of 2.4 MB. An estimate no slower and fewer bytes takes the ragged too
     (a softmax down the 257 rows of (257, 2), both at the launch floor: 7.6 KB, not the
-    17.5 KB of 257 one-row tiles; fuzz graph 12041:277)."""
+    17.5 KB of 257 one-row tiles; fuzz graph 12041:277), and so does an estimate within
+    ``TIME_MARGIN`` where the row phases walk at most ``tiles.SMALL_GLOBAL_ELEMENTS``
+    elements: too little work for the parallelism to matter, and the one-row tiles a prime
+    row count gets under the register cap move two to three times the bytes of TVM's
+    fusion (fuzz 12044:80, a log-softmax down (257, 3): 43.2 KB, ragged 27.1 KB, TVM's
+    27.8 KB; estimated 6.6 and 7.1 us)."""
     def built(ragged: bool) -> Decided:
         sch = s_tir.Schedule(func)
         add_unit_loops(sch)
@@ -399,7 +405,10 @@ def _even_or_ragged(fused: tirx.PrimFunc, func: tirx.PrimFunc, group: Group, row
         return even
     counts = _byte_counts(ragged, even, func)
     fewer = _no_more(counts) and any(r < e for r, e in counts)
-    return ragged if ragged_us < even_us or (ragged_us <= even_us and fewer) else even
+    mapping = even.group.mapping
+    margin = TIME_MARGIN if rows * mapping.row_length <= SMALL_GLOBAL_ELEMENTS else 1.0
+    return ragged if ragged_us < even_us or (ragged_us <= margin * even_us and fewer) \
+        else even
 
 
 def _block_per_row(func: tirx.PrimFunc, sch: s_tir.Schedule, group: Group, rows: int,
