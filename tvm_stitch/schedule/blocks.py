@@ -80,7 +80,13 @@ def written_params(func: tirx.PrimFunc, sch: s_tir.Schedule) -> list[tirx.Buffer
 
 
 def load_count(sch: s_tir.Schedule, block: SBlockRV, buffer: tirx.Buffer) -> int:
-    """How many loads of ``buffer`` the body of ``block`` has once TVM's lowering has
+    """How many loads of ``buffer`` the body of ``block`` has (``loads_of``)."""
+    return len(loads_of(sch, block, buffer))
+
+
+def loads_of(sch: s_tir.Schedule, block: SBlockRV, buffer: tirx.Buffer
+             ) -> list[tvm.ir.TensorLoad]:
+    """The loads of ``buffer`` the body of ``block`` has once TVM's lowering has
     simplified it (each one is a memory access, and each one re-evaluates the producer if
     that producer is inlined). ``x - x`` and ``x * 0`` are 0 there: a buffer read only so
     is never read, and a copy of it staged in shared memory would be written and never
@@ -96,7 +102,7 @@ def load_count(sch: s_tir.Schedule, block: SBlockRV, buffer: tirx.Buffer) -> int
     if isinstance(body, tirx.BufferStore):
         body = Analyzer().simplify(body.value)
     tvm_ffi.structural_walk(body, [(tvm.ir.TensorLoad, visit)])
-    return len(loads)
+    return loads
 
 
 def narrow_indices(func: tirx.PrimFunc) -> tirx.PrimFunc:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from math import gcd, prod
 
+import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.schedule import SBlockRV
 
@@ -30,7 +31,7 @@ from ..blocks import (
     buffer_params,
     cache_reused_outputs,
     inline,
-    load_count,
+    loads_of,
     name_of,
     readers,
     written_params,
@@ -697,11 +698,14 @@ def _row_infos(sch: s_tir.Schedule, rows: int, roles: Roles) -> dict[str, BlockR
 
 def _inline_column_space(sch: s_tir.Schedule, func: tirx.PrimFunc, roles: Roles,
                          dec: Decisions) -> None:
-    """A column-space block read once, by one column-space block, is computed by it; so is
-    one computed from combinations of a split row's partials alone and read by row blocks
-    alone (a mean, the row sum over the length), by each of them: every block then combines
-    its own row's partials where it reads them (``combine_per_reader``), and no column phase
-    and grid barrier of its own makes the value for them."""
+    """A column-space block read once, by one column-space block, is computed by it (or
+    read at most ``SAME_LOADS_RECOMPUTED`` times at one index, a square's ``y * y``:
+    recomputed, it is the same expression, where kept it would make a round trip through
+    global memory, fuzz graph 12044:202); so is one computed from combinations of a split
+    row's partials alone and read by row blocks alone (a mean, the row sum over the length),
+    by each of them: every block then combines its own row's partials where it reads them
+    (``combine_per_reader``), and no column phase and grid barrier of its own makes the
+    value for them."""
     for combinations in (False, True):  # the latter once chains are one block
         for name in reversed(roles.of_kind(BlockRole.COLUMN_SPACE)):
             if name in dec.inlined:
@@ -714,9 +718,22 @@ def _inline_column_space(sch: s_tir.Schedule, func: tirx.PrimFunc, roles: Roles,
             kinds = {roles.kinds[name_of(sch, u)] for u in users}
             if (users and kinds == {BlockRole.ROW} and _of_combinations(sch, roles, block)
                     if combinations else len(users) == 1 and kinds == {BlockRole.COLUMN_SPACE}
-                    and load_count(sch, users[0], buffer) == 1):
+                    and _recomputable(sch, users[0], buffer)):
                 inline(sch, block)
                 dec.inlined.append(name)
+
+
+SAME_LOADS_RECOMPUTED = 2
+"""Most loads at one index of a column-space intermediate that its reader recomputes it for
+(``_inline_column_space``): nested squares would double its expression at each level."""
+
+
+def _recomputable(sch: s_tir.Schedule, user: SBlockRV, buffer: tirx.Buffer) -> bool:
+    """Whether ``user`` loads ``buffer`` once, or a few times at one index."""
+    loads = loads_of(sch, user, buffer)
+    return len(loads) == 1 or len(loads) <= SAME_LOADS_RECOMPUTED and all(
+        tvm_ffi.structural_equal(list(load.indices), list(loads[0].indices))
+        for load in loads[1:])
 
 
 def _of_combinations(sch: s_tir.Schedule, roles: Roles, block: SBlockRV) -> bool:
