@@ -51,8 +51,17 @@ def results_in_registers(sch: s_tir.Schedule) -> None:
                     continue
                 index = next(i for i, r in enumerate(sch.get(reader).reads)
                              if r.source.same_as(region.source))
-                copy = sch.cache_read(reader, index, RESULT_SCOPE, consumer_blocks=[reader])
-                sch.compute_at(copy, at)
+                try:
+                    _copy_at(sch.copy(), reader, index, at)
+                except s_tir.ScheduleError:
+                    continue  # compute-at refuses the scope: the reader keeps its loads
+                _copy_at(sch, reader, index, at)
+
+
+def _copy_at(sch: s_tir.Schedule, reader: SBlockRV, index: int, at: LoopRV) -> None:
+    """Copy the ``index``-th buffer ``reader`` reads into ``RESULT_SCOPE`` at ``at``."""
+    copy = sch.cache_read(reader, index, RESULT_SCOPE, consumer_blocks=[reader])
+    sch.compute_at(copy, at)
 
 
 def _thread_loops(sch: s_tir.Schedule, block: SBlockRV) -> list[LoopRV]:
