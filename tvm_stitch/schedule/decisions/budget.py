@@ -112,8 +112,8 @@ def hold(sch: s_tir.Schedule, dec: Decisions, staging: Staging, mapping: ThreadM
     """Hold the input ``staging`` in its threads' registers instead (``dec.held``), if every
     reader reads only its own elements and its elements a thread holds take at most
     ``REGISTER_ROW_ELEMENTS`` registers (``_row_registers``: fewer beside many outputs) with
-    the ``taken`` it already keeps (never for a row
-    of symbolic length: a loop of run-time extent holds nothing); whether it is held. A
+    the ``taken`` it already keeps (never for a row of symbolic length: a loop of run-time
+    extent holds nothing); whether it is held. A
     column reduction's 30 partial sums per thread and a held input of 30 more spilled (fuzz
     graph 1207:27). Nor beside ``vectors.HALF_MATH_CALLS`` transcendentals on float16."""
     param = next(p for p in sch.mod["main"].params if p.name == staging.name)
