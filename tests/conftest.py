@@ -142,9 +142,11 @@ def columns_as_global(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def global_at_any_cost(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Global groups stitched whatever the estimate (``yardstick.TIME_MARGIN`` unbounded),
-    for tests of the Global machinery on shapes small enough for the SIMT runner: at those,
-    a Global kernel whose ops TVM runs in one kernel is estimated slower and falls back
+    """Global groups stitched whatever the estimate (``yardstick.TIME_MARGIN`` and
+    ``ONE_KERNEL_MARGIN`` unbounded), for tests of the Global machinery on shapes small
+    enough for the SIMT runner: at those, a Global kernel whose ops TVM runs in one kernel
+    is estimated slower and falls back
     (``stitch_fuse._worse``; tested in ``tests/regressions/test_small_global_tiles.py``)."""
     from tvm_stitch.transform import yardstick
     monkeypatch.setattr(yardstick, "TIME_MARGIN", float("inf"))
+    monkeypatch.setattr(yardstick, "ONE_KERNEL_MARGIN", float("inf"))

@@ -119,7 +119,7 @@ def test_many_rows_keep_their_row_tiles_beside_partial_sums() -> None:
     assert not any(d.kind is DemotionKind.ROWS_IN_COLUMN_TILES for d in group.demotions)
 
 
-@pytest.mark.usefixtures("columns_as_global")
+@pytest.mark.usefixtures("columns_as_global", "global_at_any_cost")
 def test_a_block_narrows_to_column_tiles_that_divide_the_width() -> None:
     # a sum over the leading 2 of (2, 30000): no multiple of a warp divides 30000, and one
     # task kept 30 partial sums per thread in registers; blocks of 1000 threads take 30
