@@ -9,8 +9,9 @@ row as of those that stream from global memory, in the room the held elements le
 (``decisions.unrolling.bound_unrolling``); and where a reader of the held row (the
 ``where``, unrolled whole) loads from shared memory at each element, the held elements and
 those loads together fit ``decisions.budget.HELD_AND_LOADS_REGISTERS`` or x is re-read from
-global memory instead (rows of 26000 spilled 16 B holding 26). Owner: schedule/decisions
-(unrolling.py, budget.py)."""
+global memory instead (rows of 26000 spilled 16 B holding 26). With its six outputs a row of
+more than 28 elements a thread is not held at all (``decisions.budget._row_registers``).
+Owner: schedule/decisions (unrolling.py, budget.py)."""
 
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ def test_a_transpose_from_shared_memory_beside_a_held_row_does_not_spill(width: 
     _matches_without_spills(built)
 
 
-@pytest.mark.parametrize("width", [26000, 30000])
+@pytest.mark.parametrize("width", [26000, 28000])
 def test_a_held_row_read_beside_shared_loads_is_re_read_instead(width: int) -> None:
     built = _transpose_beside_held_row(width)
     (group,) = StitchPlan.of_module(verify.compile_model(built, "stitch")).groups
@@ -71,6 +72,16 @@ def test_a_held_row_read_beside_shared_loads_is_re_read_instead(width: int) -> N
     steps = -(-width // 1024)
     (reread,) = [d for d in group.demotions if d.kind is DemotionKind.HELD_REREAD]
     assert (reread.subject, reread.before, reread.after) == ("x", steps, 2 * steps)
+    _matches_without_spills(built)
+
+
+def test_a_row_beside_six_outputs_past_the_cap_is_re_read_without_being_held() -> None:
+    built = _transpose_beside_held_row(30000)
+    (group,) = StitchPlan.of_module(verify.compile_model(built, "stitch")).groups
+    x = next(b for b in group.buffers if b.name == "x")
+    assert x.level is StorageLevel.GLOBAL
+    assert [d.subject for d in group.demotions if d.kind is DemotionKind.REREAD] == ["x"]
+    assert not any(d.kind is DemotionKind.HELD_REREAD for d in group.demotions)
     _matches_without_spills(built)
 
 
