@@ -8,9 +8,9 @@ TVM writes the value once and reads it back.
 
 A Global group (a persistent grid) is measured by what it reads of its inputs and its outputs
 once: its partial sums make a round trip through global memory by design (``global_bytes``),
-bought for parallelism or for the launches it saves. Where TVM runs its ops in one kernel,
-none is saved: moving more with its partial sums, it must also pass ``slower``
-(``stitch_fuse._worse``).
+bought for parallelism or for the launches it saves. Moving more with its partial sums, it
+must also pass ``slower`` (``stitch_fuse._worse``): where TVM runs its ops in one kernel,
+none is saved, and it must be estimated faster (``ONE_KERNEL_MARGIN``).
 The check is cheap where it passes easily: TVM's kernels move at least their
 compulsory bytes (inputs once, outputs once), so a stitched kernel within their sum needs
 nothing more. Only above it are TVM's kernels for those ops scheduled (dlight's default
