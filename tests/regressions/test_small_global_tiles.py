@@ -16,7 +16,9 @@ over each row of the softmax), it is one kernel for TVM's two. Since a column re
 several results (a softmax's pair) keeps every result's partials on chip, not only its
 first's, the two log-softmaxes of 12014:338 move 1185280 B (not 1448448) in 8.7 us, within
 ``TIME_MARGIN`` of TVM's 7.2: they stitch. Owners: schedule/decisions/tiles.py,
-transform/stitch_fuse.py, schedule/emit.py (``_rewritten_global``)."""
+transform/stitch_fuse.py, schedule/emit.py (``_rewritten_global``). Where TVM runs the ops
+in one kernel, a Global kernel that moves more saves no launch and must be estimated faster
+(``yardstick.ONE_KERNEL_MARGIN``; fuzz graph 12046:152)."""
 
 from __future__ import annotations
 
@@ -80,6 +82,20 @@ def test_a_small_global_kernel_slower_than_tvms_one_kernel_falls_back() -> None:
         "20560 B in 1 kernel(s), partial sums included; the stitched kernel is estimated at "
         "7.0 us on the H200, TVM's fusion of the same ops at 3.6 us in 1 kernel(s)")
     assert len(analyze(scheduled).kernels) == 1
+
+
+def test_a_global_kernel_saving_no_launch_must_be_estimated_faster() -> None:
+    # fuzz graph 12046:152: a softmax down the 1000 rows of (1000, 8), 125 row tiles, moved
+    # 144,064 B estimated at 6.6 us where TVM's one kernel moves 128,000 B in 5.3: within
+    # TIME_MARGIN, it was taken though it saves no launch (ONE_KERNEL_MARGIN)
+    built = _column_softmax([1000, 8])
+    plan = StitchPlan.of_module(verify.compile_model(built, "stitch"))
+    (fallback,) = plan.fallbacks
+    assert not plan.groups
+    assert fallback.reason == (
+        "the stitched kernel moves 144064 B of global memory, TVM's fusion of the same ops "
+        "128000 B in 1 kernel(s), partial sums included; the stitched kernel is estimated at "
+        "6.6 us on the H200, TVM's fusion of the same ops at 5.3 us in 1 kernel(s)")
 
 
 def test_a_large_column_softmax_of_few_prime_rows_is_strided_rows() -> None:
