@@ -272,24 +272,25 @@ def _decide(func: tirx.PrimFunc, group: Group, rows: int | None, target: Target 
     fewer bytes (a batch norm's channel rows of (32, 2048, 7, 7) staged once: 38.6 MB ->
     25.7 MB; rows of (32, 64, 56, 56) do not fit on chip, and kept they would be read three
     times)."""
-    moving, others = keepable_transposes(
-        rows_first(prepare_one_pass(func, online.softmax, online.variance), rows), rows,
-        target_budget(target)[0]) if rows is not None else ((), ())
+    prepared = prepare_one_pass(func, online.softmax, online.variance)
+    moving, others = keepable_transposes(rows_first(prepared, rows), rows,
+                                         target_budget(target)[0]) \
+        if rows is not None else ((), ())
     if choices.kept_transposes is not None:
         keep = moving + others if choices.kept_transposes else ()
-        return _decide_moves(func, group, rows, target, choices, online, keep)
+        return _decide_moves(func, prepared, group, rows, target, choices, online, keep)
     try:
-        decided = _decide_moves(func, group, rows, target, choices, online, moving)
+        decided = _decide_moves(func, prepared, group, rows, target, choices, online, moving)
     except Unstitchable as err:
         if not moving:
             raise
         logger.debug("%s with its transposes kept does not stitch: %s", group.ops,
                      error_summary(err))
-        decided = _decide_moves(func, group, rows, target, choices, online, ())
+        decided = _decide_moves(func, prepared, group, rows, target, choices, online, ())
     if not others or target is None:
         return decided
     try:
-        kept = _decide_moves(func, group, rows, target, choices, online, moving + others)
+        kept = _decide_moves(func, prepared, group, rows, target, choices, online, moving + others)
     except Unstitchable as err:
         logger.debug("%s with every transpose kept does not stitch: %s", group.ops,
                      error_summary(err))
@@ -298,15 +299,16 @@ def _decide(func: tirx.PrimFunc, group: Group, rows: int | None, target: Target 
     return kept if counts and _no_more(counts) and any(o < t for o, t in counts) else decided
 
 
-def _decide_moves(func: tirx.PrimFunc, group: Group, rows: int | None,
-                  target: Target | None, choices: Choices, online: OnePass,
+def _decide_moves(func: tirx.PrimFunc, prepared: tirx.PrimFunc, group: Group,
+                  rows: int | None, target: Target | None, choices: Choices, online: OnePass,
                   keep: tuple[str, ...]) -> Decided:
-    """``_decide`` with the transposing copies of inputs ``keep`` kept as blocks."""
+    """``_decide`` with the transposing copies of inputs ``keep`` kept as blocks;
+    ``prepared`` is ``func`` as ``prepare_one_pass`` makes it for ``online``."""
     group = replace(group, choices=choices, online=online.softmax,
                     online_variance=online.variance)
     budget, max_threads = target_budget(target)
     gpu = device_of(target)
-    fused, func = func, prepare_one_pass(func, online.softmax, online.variance)
+    fused, func = func, prepared
     if rows is not None:
         func, moves = permute_rows(rows_first(func, rows), keep)
         group = replace(group, permuted_copies=moves.copies, permuted_outputs=moves.outputs,
